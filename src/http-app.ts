@@ -1,0 +1,92 @@
+import { type INestApplication, ValidationPipe } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import type { NestExpressApplication } from '@nestjs/platform-express';
+import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
+import type { ValidationError } from 'class-validator';
+import type { NextFunction, Request, Response } from 'express';
+import { Logger } from 'nestjs-pino';
+import { Registry } from 'prom-client';
+import { AppModule, type AppOptions } from './app.module.js';
+import { ProblemException } from './common/problem.js';
+import { httpDurationHistogram } from './metrics/metrics.module.js';
+
+/**
+ * The largest body we parse. A create has at most 100 short lines (~15 KiB of JSON); 64 KiB leaves
+ * room and bounds what one request can make us parse.
+ */
+export const BODY_LIMIT = '64kb';
+
+function flattenErrors(errors: ValidationError[], prefix = ''): { field: string; messages: string[] }[] {
+  return errors.flatMap((e) => {
+    const field = prefix ? `${prefix}.${e.property}` : e.property;
+    const own = e.constraints ? [{ field, messages: Object.values(e.constraints) }] : [];
+    return [...own, ...flattenErrors(e.children ?? [], field)];
+  });
+}
+
+export function validationProblem(errors: ValidationError[]): ProblemException {
+  const flat = flattenErrors(errors);
+  const detail = flat.map((e) => `${e.field}: ${e.messages.join('; ')}`).join(' | ') || 'The request is not valid.';
+  return ProblemException.of(400, 'validation-failed', 'Validation failed', detail, { errors: flat });
+}
+
+/** A body we cannot read as JSON is refused before anything runs (415), rather than silently ignored. */
+function requireJsonBody(req: Request, _res: Response, next: NextFunction): void {
+  const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
+  if (hasBody && !req.is('application/json') && !req.is('application/*+json')) {
+    next(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
+    return;
+  }
+  next();
+}
+
+export function buildOpenApiDocument(app: INestApplication) {
+  const config = new DocumentBuilder()
+    .setTitle('idempotent-orders')
+    .setDescription(
+      'An order-and-payment API where every write is safe to repeat. Errors are RFC 9457 application/problem+json. ' +
+        'Authorize with an API key (the dev key is printed at start-up).',
+    )
+    .setVersion('1')
+    .addBearerAuth({ type: 'http', scheme: 'bearer', description: 'An API key from API_KEYS' })
+    .build();
+  return SwaggerModule.createDocument(app, config);
+}
+
+/** Everything main.ts and the tests share: the app exactly as it serves traffic. */
+export async function createHttpApp(options: AppOptions): Promise<NestExpressApplication> {
+  const app = await NestFactory.create<NestExpressApplication>(AppModule.forRoot(options), {
+    bufferLogs: true,
+    bodyParser: false,
+  });
+  app.useLogger(app.get(Logger));
+  app.disable('x-powered-by');
+  app.set('etag', false);
+  const duration = httpDurationHistogram(app.get(Registry));
+  app.use((req: Request, res: Response, next: NextFunction) => {
+    const end = duration.startTimer();
+    res.once('finish', () => {
+      // The route pattern, not the URL: one series per endpoint, however many ids there are.
+      const pattern = (req.route as { path?: string } | undefined)?.path;
+      const route = pattern ? `${req.baseUrl}${pattern}` : 'unmatched';
+      end({ method: req.method, route, status: String(res.statusCode) });
+    });
+    next();
+  });
+  app.use(requireJsonBody);
+  app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
+  app.useGlobalPipes(
+    new ValidationPipe({
+      whitelist: true,
+      forbidNonWhitelisted: true,
+      transform: true,
+      forbidUnknownValues: true,
+      exceptionFactory: validationProblem,
+    }),
+  );
+  SwaggerModule.setup('docs', app, () => buildOpenApiDocument(app), {
+    jsonDocumentUrl: 'docs-json',
+    swaggerOptions: { persistAuthorization: true },
+  });
+  return app;
+}

@@ -1,0 +1,48 @@
+import { Controller, Get, Global, Header, Module } from '@nestjs/common';
+import { ApiOkResponse, ApiOperation, ApiProduces, ApiTags } from '@nestjs/swagger';
+import { collectDefaultMetrics, Histogram, Registry } from 'prom-client';
+import { Public } from '../common/api-key.guard.js';
+
+/** One registry per app instance (not prom-client's global), so several apps in one test process don't collide. */
+export function createRegistry(): Registry {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  return registry;
+}
+
+export const HTTP_DURATION = 'http_request_duration_seconds';
+
+export function httpDurationHistogram(registry: Registry): Histogram<'method' | 'route' | 'status'> {
+  return new Histogram({
+    name: HTTP_DURATION,
+    help: 'HTTP request duration by method, route pattern and status code',
+    labelNames: ['method', 'route', 'status'],
+    // From a replay (~1 ms) to a duplicate waiting out IDEMPOTENCY_WAIT_MS (seconds).
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers: [registry],
+  });
+}
+
+@ApiTags('operations')
+@Public()
+@Controller('metrics')
+export class MetricsController {
+  constructor(private readonly registry: Registry) {}
+
+  @Get()
+  @Header('Content-Type', 'text/plain; version=0.0.4; charset=utf-8')
+  @ApiOperation({ summary: 'Prometheus metrics' })
+  @ApiProduces('text/plain')
+  @ApiOkResponse({ description: 'Prometheus text exposition format.' })
+  metrics(): Promise<string> {
+    return this.registry.metrics();
+  }
+}
+
+@Global()
+@Module({
+  controllers: [MetricsController],
+  providers: [{ provide: Registry, useFactory: createRegistry }],
+  exports: [Registry],
+})
+export class MetricsModule {}
