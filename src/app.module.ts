@@ -1,5 +1,6 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD } from '@nestjs/core';
+import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { LoggerModule } from 'nestjs-pino';
 import { randomUUID } from 'node:crypto';
@@ -11,6 +12,7 @@ import { ConfigModule } from './config/config.module.js';
 import { DatabaseModule } from './database/database.module.js';
 import { typeormOptions } from './database/typeorm-options.js';
 import { HealthModule } from './health/health.module.js';
+import { IdempotencyModule } from './idempotency/idempotency.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
 import { OrdersModule } from './orders/orders.module.js';
 
@@ -47,10 +49,13 @@ export class AppModule {
             redact: ['req.headers.authorization', 'req.headers.cookie'],
           },
         }),
-        TypeOrmModule.forRoot(typeormOptions(databaseUrl, { lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1_000) })),
+        // lock_timeout 0 would mean "wait forever": a zero wait is the shortest one PostgreSQL can do.
+        TypeOrmModule.forRoot(typeormOptions(databaseUrl, { lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1) })),
         DatabaseModule,
+        ScheduleModule.forRoot(),
         MetricsModule,
         HealthModule,
+        IdempotencyModule,
         OrdersModule,
       ],
       providers: [

@@ -16,8 +16,15 @@ export class Database {
 
   constructor(private readonly dataSource: DataSource) {}
 
-  query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
-    return (this.current.getStore() ?? this.dataSource.manager).query<T[]>(sql, params);
+  /** The rows the statement returned (for UPDATE/DELETE … RETURNING too, where TypeORM's plain query() returns [rows, count]). */
+  async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
+    const runner = this.current.getStore()?.queryRunner ?? this.dataSource.createQueryRunner();
+    try {
+      const result = await runner.query(sql, params, true);
+      return result.records as T[];
+    } finally {
+      if (runner !== this.current.getStore()?.queryRunner) await runner.release();
+    }
   }
 
   /** Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves, rolls back when it throws. */

@@ -3,6 +3,7 @@ import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags
 import type { Response } from 'express';
 import { ApiProblems, ORDER_NOT_FOUND, UNAUTHORIZED, VALIDATION_FAILED } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
+import { Idempotent } from '../idempotency/idempotent.decorator.js';
 import { CreateOrderDto } from './dto/create-order.dto.js';
 import { ListOrdersQuery } from './dto/list-orders.query.js';
 import { OrderPage, OrderView } from './dto/order.view.js';
@@ -22,6 +23,7 @@ export class OrdersController {
 
   @Post()
   @HttpCode(HttpStatus.CREATED)
+  @Idempotent()
   @ApiOperation({ summary: 'Create an order', description: 'The server computes totalMinor. orderNumber is the natural key per client.' })
   @ApiCreatedResponse({ type: OrderView, description: 'Created.', headers: { Location: { description: '/orders/{id}', schema: { type: 'string' } }, ...ETAG_HEADER } })
   @ApiOkResponse({ type: OrderView, description: 'An order with this orderNumber and the same content exists: it is returned, nothing is created.' })

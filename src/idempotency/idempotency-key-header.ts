@@ -1,0 +1,38 @@
+import { parseItem } from 'structured-headers';
+import { ProblemException } from '../common/problem.js';
+
+export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
+export const MAX_KEY_LENGTH = 255;
+
+const BARE_KEY = /^[\x21-\x7E]{1,255}$/;
+
+export function malformedKey(detail: string): ProblemException {
+  return ProblemException.of(400, 'idempotency-key-malformed', 'Idempotency-Key is malformed', detail);
+}
+
+/**
+ * The key as the client meant it. The IETF draft makes the header an RFC 8941 string
+ * (`"abc"`); most clients send it bare (`abc`, often a UUID). Both forms name the same key.
+ * Anything else — empty, too long, control characters, several values, parameters — is a 400,
+ * since a key we would have to guess at cannot protect anything.
+ */
+export function parseIdempotencyKey(raw: string | string[]): string {
+  if (Array.isArray(raw)) throw malformedKey('Send exactly one Idempotency-Key header.');
+  const value = raw.trim();
+  if (value.startsWith('"')) {
+    let item: ReturnType<typeof parseItem>;
+    try {
+      item = parseItem(value);
+    } catch {
+      throw malformedKey('A quoted Idempotency-Key must be one RFC 8941 string, such as "8e03978e-40d5-43e8-bc93-6894a57f9324".');
+    }
+    const [key, params] = item;
+    if (typeof key !== 'string' || params.size > 0) throw malformedKey('A quoted Idempotency-Key must be a plain RFC 8941 string, without parameters.');
+    if (key.length < 1 || key.length > MAX_KEY_LENGTH) throw malformedKey(`An Idempotency-Key has 1 to ${MAX_KEY_LENGTH} characters.`);
+    return key;
+  }
+  if (!BARE_KEY.test(value)) {
+    throw malformedKey(`An Idempotency-Key is 1 to ${MAX_KEY_LENGTH} visible ASCII characters (a UUID is a good choice).`);
+  }
+  return value;
+}

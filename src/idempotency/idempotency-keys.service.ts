@@ -1,0 +1,149 @@
+import { Inject, Injectable } from '@nestjs/common';
+import { APP_CONFIG } from '../config/config.module.js';
+import type { AppConfig } from '../config/app-config.js';
+import { Database } from '../database/database.service.js';
+
+export interface KeyScope {
+  clientId: string;
+  key: string;
+  fingerprint: string;
+  method: string;
+  path: string;
+}
+
+export interface StoredResponse {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+}
+
+export interface KeyRecord {
+  id: string;
+  fingerprint: string;
+  state: 'in_progress' | 'completed';
+  expired: boolean;
+  response: StoredResponse | null;
+}
+
+export type Claim =
+  /** This request owns the key: run the handler, then record its response in the same transaction. */
+  | { kind: 'claimed'; id: string }
+  /** Another request had the key (committed before, or while this one waited on its lock). */
+  | { kind: 'existing'; record: KeyRecord; waited: boolean };
+
+interface KeyRow {
+  id: string;
+  fingerprint: string;
+  state: 'in_progress' | 'completed';
+  expired: boolean;
+  response_status: number | null;
+  response_headers: Record<string, string> | null;
+  response_body: string | null;
+  claimed: boolean;
+}
+
+const toRecord = (row: KeyRow): KeyRecord => ({
+  id: row.id,
+  fingerprint: row.fingerprint,
+  state: row.state,
+  expired: row.expired,
+  response:
+    row.state === 'completed'
+      ? { status: row.response_status!, headers: row.response_headers ?? {}, body: row.response_body! }
+      : null,
+});
+
+const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired, response_status, response_headers, response_body`;
+
+/**
+ * Claim or find in ONE statement. The INSERT either takes the key or, when a row exists, does
+ * nothing; the SELECT half then returns that row. If the row belonged to a transaction still in
+ * flight, the INSERT first waits for it (bounded by lock_timeout = IDEMPOTENCY_WAIT_MS). A row
+ * committed during that wait is newer than this statement's snapshot, so nothing comes back and
+ * the caller reads it again: an empty result means "waited".
+ */
+const CLAIM_KEY = `
+  WITH claimed AS (
+    INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
+    VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))
+    ON CONFLICT ON CONSTRAINT uq_idempotency_keys_client_key DO NOTHING
+    RETURNING ${KEY_COLUMNS}, true AS claimed
+  )
+  SELECT * FROM claimed
+  UNION ALL
+  SELECT ${KEY_COLUMNS}, false AS claimed FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
+
+/**
+ * An expired key counts as absent: the first request to see it takes it over. The row lock makes
+ * that a race with one winner; a loser's UPDATE waits, re-checks `expires_at`, matches nothing.
+ */
+const TAKE_OVER_EXPIRED_KEY = `
+  UPDATE idempotency_keys
+     SET fingerprint = $3, request_method = $4, request_path = $5, state = 'in_progress',
+         recovery_point = 'started', locked_until = NULL, response_status = NULL,
+         response_headers = NULL, response_body = NULL, created_at = now(), completed_at = NULL,
+         expires_at = now() + make_interval(secs => $6)
+   WHERE client_id = $1 AND key = $2 AND expires_at <= now()
+  RETURNING id`;
+
+/** The idempotency_keys table: claim, find, record. Every query is scoped by client. */
+@Injectable()
+export class IdempotencyKeysService {
+  constructor(
+    private readonly db: Database,
+    @Inject(APP_CONFIG) private readonly config: AppConfig,
+  ) {}
+
+  /** Must run inside the transaction that will also hold the handler's writes and the response. */
+  async claimKey(scope: KeyScope): Promise<Claim> {
+    const params = [scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path, this.config.idempotencyTtlSeconds];
+    const [row] = await this.db.query<KeyRow>(CLAIM_KEY, params);
+    if (row?.claimed) return { kind: 'claimed', id: row.id };
+    // A bounded number of rounds: each one means another request committed or expired the key meanwhile.
+    for (let round = 0; round < 3; round++) {
+      const record = round === 0 && row ? toRecord(row) : await this.findKey(scope.clientId, scope.key);
+      if (!record) {
+        // Reaped between our INSERT and this read: claim it afresh.
+        const [again] = await this.db.query<KeyRow>(CLAIM_KEY, params);
+        if (again?.claimed) return { kind: 'claimed', id: again.id };
+        continue;
+      }
+      if (!record.expired) return { kind: 'existing', record, waited: !row };
+      const [taken] = await this.db.query<{ id: string }>(TAKE_OVER_EXPIRED_KEY, params);
+      if (taken) return { kind: 'claimed', id: taken.id };
+    }
+    throw new Error(`Idempotency-Key ${scope.key} changed hands three times during one claim`);
+  }
+
+  async findKey(clientId: string, key: string): Promise<KeyRecord | undefined> {
+    const [row] = await this.db.query<KeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2`, [clientId, key]);
+    return row && toRecord(row);
+  }
+
+  /** Completes the claim with the response to replay. Same transaction as the claim. */
+  async recordResponse(id: string, response: StoredResponse): Promise<void> {
+    await this.db.query(
+      `UPDATE idempotency_keys
+          SET state = 'completed', response_status = $2, response_headers = $3, response_body = $4, completed_at = now()
+        WHERE id = $1`,
+      [id, response.status, response.headers, response.body],
+    );
+  }
+
+  /**
+   * Deletes up to `batchSize` expired, completed keys. SKIP LOCKED lets several instances reap at
+   * once without waiting on each other or on a request that is taking an expired key over.
+   * In-progress keys of phased handlers are left to their recovery, which owns them.
+   */
+  async reapExpiredKeys(batchSize: number): Promise<number> {
+    const rows = await this.db.query<{ id: string }>(
+      `DELETE FROM idempotency_keys WHERE id IN (
+         SELECT id FROM idempotency_keys
+          WHERE expires_at <= now() AND state = 'completed'
+          ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+       RETURNING id`,
+      [batchSize],
+    );
+    return rows.length;
+  }
+}

@@ -1,0 +1,165 @@
+import { type CallHandler, type ExecutionContext, HttpException, Injectable, Logger, type NestInterceptor } from '@nestjs/common';
+import { Reflector } from '@nestjs/core';
+import type { Request, Response } from 'express';
+import { performance } from 'node:perf_hooks';
+import { from, lastValueFrom, type Observable } from 'rxjs';
+import { ProblemException, PROBLEM_CONTENT_TYPE } from '../common/problem.js';
+import { toProblem } from '../common/problem.filter.js';
+import { Database } from '../database/database.service.js';
+import { PG, pgErrorCode } from '../database/pg-errors.js';
+import { IDEMPOTENT, type IdempotentOptions } from './idempotent.decorator.js';
+import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
+import { parseIdempotencyKey } from './idempotency-key-header.js';
+import { IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
+import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
+
+/**
+ * Business outcomes a handler reached: stored and replayed like a success. Not stored, so the key
+ * is free again: 400 (the request was not understood — fix it and retry with the same key),
+ * 401/403 (never reached the handler's decision), 412/428 (preconditions of a later request),
+ * and 5xx (the transaction rolled back, nothing happened).
+ */
+const STORED_CLIENT_ERRORS = new Set([402, 404, 409, 410, 422]);
+
+/** Headers that are part of the outcome. Never Set-Cookie: a replay must not hand one client's session to another request. */
+const REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'retry-after'];
+
+/** A duplicate that gave up waiting is told to come back in a second: most requests finish well within that. */
+const OUTSTANDING_RETRY_AFTER_SECONDS = 1;
+
+const SAVEPOINT = 'idempotent_handler';
+const JSON_CONTENT_TYPE = 'application/json; charset=utf-8';
+
+type Execution =
+  | { kind: 'respond'; response: StoredResponse; replayed: boolean; outcome: IdempotencyOutcome }
+  /** The handler raised a business problem; it is stored, and thrown again after the commit for the filter to send. */
+  | { kind: 'rethrow'; error: unknown };
+
+function pickHeaders(headers: Record<string, unknown>): Record<string, string> {
+  const picked: Record<string, string> = {};
+  for (const name of REPLAYED_HEADERS) {
+    const value = headers[name] ?? headers[name.replace(/(^|-)\w/g, (c) => c.toUpperCase())];
+    if (value !== undefined) picked[name] = String(value);
+  }
+  return picked;
+}
+
+/**
+ * The Idempotency-Key layer for handlers marked @Idempotent(). In ONE transaction it claims the
+ * key (a unique insert), runs the handler, and records the response: a crash at any moment
+ * leaves either nothing (the key is free, nothing was written) or the effect with its response.
+ * A concurrent duplicate blocks on the first request's uncommitted key row — in PostgreSQL, so
+ * across any number of service instances — then replays what it committed.
+ */
+@Injectable()
+export class IdempotencyInterceptor implements NestInterceptor {
+  private readonly logger = new Logger('Idempotency');
+
+  constructor(
+    private readonly reflector: Reflector,
+    private readonly keys: IdempotencyKeysService,
+    private readonly db: Database,
+    private readonly metrics: IdempotencyMetrics,
+  ) {}
+
+  intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
+    const options = this.reflector.get<IdempotentOptions | undefined>(IDEMPOTENT, context.getHandler());
+    if (!options) return next.handle();
+    const req = context.switchToHttp().getRequest<Request>();
+    const res = context.switchToHttp().getResponse<Response>();
+    const clientId = req.clientId!;
+    const raw = req.headers['idempotency-key'];
+    if (raw === undefined) {
+      if (!options.required) return next.handle();
+      this.note('missing', clientId, undefined);
+      throw ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'This operation requires an Idempotency-Key header.');
+    }
+    const key = parseIdempotencyKey(raw);
+    const path = normalisePath(req.originalUrl.split('?')[0]);
+    const scope: KeyScope = { clientId, key, method: req.method, path, fingerprint: fingerprintRequest(req.method, path, req.body) };
+    return from(this.respond(scope, next, res));
+  }
+
+  private async respond(scope: KeyScope, next: CallHandler, res: Response): Promise<unknown> {
+    const execution = await this.db.transaction(() => this.execute(scope, next, res));
+    if (execution.kind === 'rethrow') throw execution.error;
+    const { response, replayed, outcome } = execution;
+    this.note(outcome, scope.clientId, scope.key);
+    res.status(response.status);
+    for (const [name, value] of Object.entries(response.headers)) res.setHeader(name, value);
+    if (replayed) res.setHeader('Idempotent-Replayed', 'true');
+    // The stored bytes themselves, so a replay is identical to the first response.
+    return response.body;
+  }
+
+  private async execute(scope: KeyScope, next: CallHandler, res: Response): Promise<Execution> {
+    const waitStarted = performance.now();
+    let claim: Awaited<ReturnType<IdempotencyKeysService['claimKey']>>;
+    try {
+      claim = await this.keys.claimKey(scope);
+    } catch (err) {
+      if (pgErrorCode(err) === PG.lockNotAvailable) throw this.outstanding(scope, performance.now() - waitStarted);
+      throw err;
+    }
+    if (claim.kind === 'existing') {
+      if (claim.waited) this.metrics.wait.observe((performance.now() - waitStarted) / 1000);
+      return this.replay(scope, claim.record, claim.waited);
+    }
+
+    // Everything the handler writes can be undone alone, so a business error is stored without them.
+    await this.db.query(`SAVEPOINT ${SAVEPOINT}`);
+    try {
+      const value: unknown = await lastValueFrom(next.handle(), { defaultValue: undefined });
+      const body = value === undefined ? '' : JSON.stringify(value);
+      if (body) res.setHeader('Content-Type', JSON_CONTENT_TYPE);
+      const response: StoredResponse = { status: res.statusCode, headers: pickHeaders(res.getHeaders()), body };
+      await this.keys.recordResponse(claim.id, response);
+      return { kind: 'respond', response, replayed: false, outcome: 'executed' };
+    } catch (err) {
+      // Validation errors, auth, 5xx: thrown on, the transaction rolls back and the key is free again.
+      if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus())) throw err;
+      await this.db.query(`ROLLBACK TO SAVEPOINT ${SAVEPOINT}`);
+      const { problem, headers } = toProblem(err);
+      await this.keys.recordResponse(claim.id, {
+        status: problem.status,
+        headers: { ...pickHeaders(headers), 'content-type': `${PROBLEM_CONTENT_TYPE}; charset=utf-8` },
+        body: JSON.stringify(problem),
+      });
+      this.note('executed', scope.clientId, scope.key);
+      return { kind: 'rethrow', error: err };
+    }
+  }
+
+  private replay(scope: KeyScope, record: KeyRecord, waited: boolean): Execution {
+    if (record.fingerprint !== scope.fingerprint) {
+      this.note('mismatch', scope.clientId, scope.key);
+      throw ProblemException.of(
+        422,
+        'idempotency-key-reused',
+        'Idempotency-Key is already used',
+        'This key was first used for a different request (body, method or endpoint). Nothing was executed; use a new key for a new request.',
+      );
+    }
+    // Committed but not completed: a phased handler (payments) is mid-way under its lease.
+    if (!record.response) throw this.outstanding(scope, 0);
+    return { kind: 'respond', response: record.response, replayed: true, outcome: waited ? 'waited' : 'replayed' };
+  }
+
+  private outstanding(scope: KeyScope, waitedMs: number): ProblemException {
+    this.note('conflict', scope.clientId, scope.key);
+    if (waitedMs > 0) this.metrics.wait.observe(waitedMs / 1000);
+    return ProblemException.of(
+      409,
+      'idempotency-key-in-use',
+      'A request is outstanding for this Idempotency-Key',
+      `A request with this key is still being processed (waited ${Math.round(waitedMs)} ms). Retry after it has finished.`,
+      {},
+      { 'Retry-After': String(OUTSTANDING_RETRY_AFTER_SECONDS) },
+    );
+  }
+
+  private note(outcome: IdempotencyOutcome, clientId: string, key: string | undefined): void {
+    this.metrics.requests.inc({ outcome });
+    this.logger.log({ outcome, clientId, idempotencyKey: key }, `idempotency ${outcome}`);
+  }
+}

@@ -1,0 +1,57 @@
+import { applyDecorators, SetMetadata } from '@nestjs/common';
+import { ApiHeader, ApiResponse } from '@nestjs/swagger';
+import { ApiProblems } from '../common/api-problem-responses.js';
+import { IDEMPOTENCY_KEY_HEADER } from './idempotency-key-header.js';
+
+export const IDEMPOTENT = Symbol('idempotent');
+
+export interface IdempotentOptions {
+  /** Missing key → 400. Otherwise a request without a key runs as it would without this decorator. */
+  required: boolean;
+}
+
+const ttlNote = 'Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client.';
+
+/**
+ * Makes a POST safe to retry under an Idempotency-Key (DESIGN §3.1): the first request runs and
+ * its response is stored in the same transaction as its writes; a retry with the same key gets
+ * that response again (`Idempotent-Replayed: true`), never a second execution.
+ */
+export function Idempotent(options: IdempotentOptions = { required: true }) {
+  return applyDecorators(
+    SetMetadata(IDEMPOTENT, options),
+    ApiHeader({
+      name: IDEMPOTENCY_KEY_HEADER,
+      required: options.required,
+      description:
+        `A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). ` +
+        `Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. ` +
+        `A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. ` +
+        `Validation errors (400) and server errors are not stored: fix and retry with the same key. ${ttlNote}`,
+      schema: { type: 'string', maxLength: 255, example: '8e03978e-40d5-43e8-bc93-6894a57f9324' },
+    }),
+    ApiResponse({
+      status: 'default',
+      description: 'Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true.',
+      headers: { 'Idempotent-Replayed': { description: 'true when this is the stored response of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
+    }),
+    ApiProblems(
+      {
+        status: 400,
+        description: 'Idempotency-Key missing or malformed (or the body is invalid; not stored, the key stays free).',
+        example: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
+      },
+      {
+        status: 409,
+        description: 'A request with this Idempotency-Key is still running. Retry after Retry-After seconds.',
+        headers: { 'Retry-After': { description: 'seconds', schema: { type: 'string' } } },
+        example: { type: 'urn:idempotent-orders:problem:idempotency-key-in-use', title: 'A request is outstanding for this Idempotency-Key', status: 409, detail: 'Retry after the first request has finished.' },
+      },
+      {
+        status: 422,
+        description: 'This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed.',
+        example: { type: 'urn:idempotent-orders:problem:idempotency-key-reused', title: 'Idempotency-Key is already used', status: 422, detail: 'This key was first used for a different request; use a new key for a new request.' },
+      },
+    ),
+  );
+}
