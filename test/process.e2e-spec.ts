@@ -1,0 +1,158 @@
+/**
+ * The service as an OS process: killed mid-flight, run twice on one database, restarted after
+ * a kill -9 of its embedded PostgreSQL's parent, refused a bad config. Uses the build in dist/.
+ */
+import { randomUUID } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Pool } from 'pg';
+import request from 'supertest';
+import { runServiceToExit, type ServiceProcess, startServiceProcess } from './support/service-process';
+import { ALICE, bearer, createTestDatabase } from './support/test-app';
+
+const API_KEYS = `alice:${ALICE.secret}`;
+const order = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }], note });
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+describe('the service process on a shared database', () => {
+  let database: { url: string; drop(): Promise<void> };
+  let db: Pool;
+  const services: ServiceProcess[] = [];
+  const start = async (env: Record<string, string> = {}) => {
+    const service = await startServiceProcess({ DATABASE_URL: database.url, API_KEYS, ...env });
+    services.push(service);
+    return service;
+  };
+
+  beforeAll(async () => {
+    database = await createTestDatabase();
+    db = new Pool({ connectionString: database.url, max: 2 });
+  });
+  afterAll(async () => {
+    await Promise.all(services.map((s) => s.kill('SIGKILL')));
+    await db?.end();
+    await database?.drop();
+  });
+
+  const post = (url: string, key: string, note: string) =>
+    request(url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(order(note));
+
+  it('SIGKILL with requests in flight: every key retried afterwards has exactly one order, and no key is stuck', async () => {
+    const first = await start();
+    const keys = Array.from({ length: 60 }, () => randomUUID());
+    let answered = 0;
+    let killed: Promise<number | null> | undefined;
+    const inFlight = keys.map((key) =>
+      post(first.url, key, `crash-${key}`).then(
+        (res) => {
+          expect(res.status).toBe(201);
+          // Kill while most requests are still in flight.
+          if (++answered === 10) killed = first.kill('SIGKILL');
+          return 'answered';
+        },
+        () => 'lost',
+      ),
+    );
+    const outcomes = await Promise.all(inFlight);
+    await killed;
+    expect(outcomes.filter((o) => o === 'lost').length).toBeGreaterThan(0);
+
+    const second = await start();
+    for (const key of keys) {
+      const res = await post(second.url, key, `crash-${key}`);
+      expect(res.status).toBe(201);
+    }
+    const { rows } = await db.query(
+      `SELECT count(*)::int AS orders, count(DISTINCT note)::int AS notes,
+              (SELECT count(*)::int FROM idempotency_keys WHERE state = 'in_progress') AS stuck,
+              (SELECT count(*)::int FROM idempotency_keys WHERE state = 'completed') AS completed
+         FROM orders WHERE note LIKE 'crash-%'`,
+    );
+    expect(rows[0]).toEqual({ orders: 60, notes: 60, stuck: 0, completed: 60 });
+  });
+
+  it('two processes on one database: 20 parallel duplicates across both execute once', async () => {
+    const [a, b] = await Promise.all([start(), start()]);
+    const key = randomUUID();
+    const responses = await Promise.all(Array.from({ length: 20 }, (_, i) => post(i % 2 ? a.url : b.url, key, 'two-processes')));
+    const created = responses.filter((r) => r.status === 201);
+    for (const r of responses.filter((r) => r.status !== 201)) {
+      expect(r.status).toBe(409);
+      expect(r.headers['retry-after']).toBe('1');
+    }
+    expect(new Set(created.map((r) => r.text)).size).toBe(1);
+    expect(created.filter((r) => r.headers['idempotent-replayed'] !== 'true')).toHaveLength(1);
+    const { rows } = await db.query(`SELECT count(*)::int AS n FROM orders WHERE note = 'two-processes'`);
+    expect(rows[0].n).toBe(1);
+  });
+
+  it('refuses to start on a bad variable, naming it', async () => {
+    const { code, output } = await runServiceToExit({ DATABASE_URL: database.url, API_KEYS, PORT: 'eighty' });
+    expect(code).toBe(1);
+    expect(output).toContain('Invalid configuration: PORT');
+    const noKeys = await runServiceToExit({ DATABASE_URL: database.url });
+    expect(noKeys.code).toBe(1);
+    expect(noKeys.output).toContain('API_KEYS is required when DATABASE_URL is set');
+  });
+});
+
+describe('the service process on its embedded PostgreSQL', () => {
+  let dir: string;
+  let service: ServiceProcess | undefined;
+
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-embedded-'));
+    // The server runs as the postgres user (we are root in CI): it must be able to enter the folder.
+    await chmod(dir, 0o755);
+  });
+  afterAll(async () => {
+    await service?.kill('SIGKILL');
+    // An orphaned server from a failed assertion must not outlive the test.
+    const pidFile = join(dir, 'pg', 'postmaster.pid');
+    if (existsSync(pidFile)) {
+      const pid = Number(readFileSync(pidFile, 'utf8').split('\n')[0]);
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('comes back after kill -9 with every acknowledged order, and stops cleanly on SIGTERM', async () => {
+    const env = { EMBEDDED_PG_DIR: join(dir, 'pg'), EMBEDDED_PG_PORT: String(await freePort()) };
+    service = await startServiceProcess(env);
+    expect(service.output()).toContain('dev API key');
+    const dev = { secret: 'dev-secret-change-me' };
+    const created = await request(service.url).post('/orders').set('Authorization', bearer(dev)).set('Idempotency-Key', randomUUID()).send(order('survivor'));
+    expect(created.status).toBe(201);
+
+    await service.kill('SIGKILL');
+    // Its PostgreSQL is orphaned, still holding the data folder: the next start must deal with it.
+    const pid = Number(readFileSync(join(dir, 'pg', 'postmaster.pid'), 'utf8').split('\n')[0]);
+    expect(() => process.kill(pid, 0)).not.toThrow();
+
+    service = await startServiceProcess(env);
+    const read = await request(service.url).get(`/orders/${created.body.id}`).set('Authorization', bearer(dev));
+    expect(read.status).toBe(200);
+    expect(read.body.note).toBe('survivor');
+
+    expect(await service.kill('SIGTERM')).toBe(0);
+    expect(existsSync(join(dir, 'pg', 'postmaster.pid'))).toBe(false);
+    service = undefined;
+  });
+});
