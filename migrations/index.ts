@@ -1,5 +1,6 @@
 // Migrations are listed, not globbed: the list is type-checked and works the same from src and dist.
 import { Orders1764414000000 } from './1764414000000-orders.js';
+import { OrderLifecycle1764414100000 } from './1764414100000-order-lifecycle.js';
 import { IdempotencyKeys1764414200000 } from './1764414200000-idempotency-keys.js';
 
-export const migrations = [Orders1764414000000, IdempotencyKeys1764414200000];
+export const migrations = [Orders1764414000000, OrderLifecycle1764414100000, IdempotencyKeys1764414200000];

@@ -1,18 +1,67 @@
-import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Query, Res } from '@nestjs/common';
-import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
+import { applyDecorators, Body, Controller, Get, Headers, HttpCode, HttpStatus, Param, Patch, Post, Query, Res } from '@nestjs/common';
+import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
 import type { Response } from 'express';
-import { ApiProblems, ORDER_NOT_FOUND, UNAUTHORIZED, VALIDATION_FAILED } from '../common/api-problem-responses.js';
+import { ApiProblems, ORDER_NOT_FOUND, type ProblemExample, UNAUTHORIZED, VALIDATION_FAILED } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { Idempotent } from '../idempotency/idempotent.decorator.js';
 import { CreateOrderDto } from './dto/create-order.dto.js';
 import { ListOrdersQuery } from './dto/list-orders.query.js';
+import { OrderEventView } from './dto/order-event.view.js';
 import { OrderPage, OrderView } from './dto/order.view.js';
-import { OrdersService } from './orders.service.js';
+import { UpdateOrderDto } from './dto/update-order.dto.js';
+import { parseIfMatch } from './if-match.js';
+import { allowedFrom, nextStatuses } from './order-state-machine.js';
+import type { OrderStatus } from './order-status.js';
+import { type ClientTransition, OrdersService } from './orders.service.js';
 
 const ETAG_HEADER = { ETag: { description: 'The order version, for If-Match: "<version>"', schema: { type: 'string' } } };
 
 /** A weak-comparison-safe strong ETag: the version is the whole state identity of an order. */
 export const etagOf = (order: OrderView) => `"${order.version}"`;
+
+const IF_MATCH = {
+  name: 'If-Match',
+  required: true,
+  description: 'The ETag of your last read of the order, e.g. "3". The change applies only if the order is still at that version.',
+  schema: { type: 'string', example: '"1"' },
+} as const;
+
+/** For each move, a status it is refused from, for the 409 example. */
+const REFUSED_FROM: Record<ClientTransition, OrderStatus> = { cancelled: 'shipped', shipped: 'created', delivered: 'paid' };
+
+function invalidTransitionExample(target: ClientTransition): ProblemExample {
+  const current = REFUSED_FROM[target];
+  return {
+    status: 409,
+    description:
+      `The order's status does not allow this move: currentStatus says where it is, allowedTransitions where it may go. ` +
+      `(Also 409 concurrent-request, with Retry-After, when another request held the order longer than the lock timeout.)`,
+    headers: ETAG_HEADER,
+    example: {
+      type: 'urn:idempotent-orders:problem:invalid-transition',
+      title: 'Transition not allowed',
+      status: 409,
+      detail: `Order 6f1c… is ${current}: it cannot become ${target}.`,
+      currentStatus: current,
+      allowedTransitions: nextStatuses(current),
+    },
+  };
+}
+
+/** What every status-changing route documents; they differ only in the status they lead to. */
+function ApiTransition(target: ClientTransition, summary: string) {
+  return applyDecorators(
+    HttpCode(HttpStatus.OK),
+    ApiOperation({
+      summary,
+      description:
+        `Allowed from ${allowedFrom(target).join(' or ')}. One conditional UPDATE moves the order and records an order event, so of ` +
+        `concurrent requests exactly one moves it. Asking again once the order is ${target} returns it unchanged: 200, no new event, same ETag.`,
+    }),
+    ApiOkResponse({ type: OrderView, headers: ETAG_HEADER, description: `The order, now ${target}.` }),
+    ApiProblems(ORDER_NOT_FOUND, invalidTransitionExample(target)),
+  );
+}
 
 @ApiTags('orders')
 @ApiBearerAuth()
@@ -52,6 +101,80 @@ export class OrdersController {
   @ApiProblems(ORDER_NOT_FOUND)
   async getOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     const order = await this.orders.findOrder(clientId, id);
+    res.setHeader('ETag', etagOf(order));
+    return order;
+  }
+
+  @Post(':id/cancel')
+  @ApiTransition('cancelled', 'Cancel an order')
+  cancelOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
+    return this.transitionOrder(clientId, id, 'cancelled', res);
+  }
+
+  @Post(':id/ship')
+  @ApiTransition('shipped', 'Mark a paid order as shipped')
+  shipOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
+    return this.transitionOrder(clientId, id, 'shipped', res);
+  }
+
+  @Post(':id/deliver')
+  @ApiTransition('delivered', 'Mark a shipped order as delivered')
+  deliverOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
+    return this.transitionOrder(clientId, id, 'delivered', res);
+  }
+
+  private async transitionOrder(clientId: string, id: string, target: ClientTransition, res: Response): Promise<OrderView> {
+    const { order } = await this.orders.transitionOrder(clientId, id, target);
+    res.setHeader('ETag', etagOf(order));
+    return order;
+  }
+
+  @Get(':id/events')
+  @ApiOperation({ summary: "An order's status history, oldest first", description: 'One event per status change; repeated requests for a status the order is already in add none.' })
+  @ApiOkResponse({ type: [OrderEventView] })
+  @ApiProblems(ORDER_NOT_FOUND)
+  listOrderEvents(@ClientId() clientId: string, @Param('id') id: string): Promise<OrderEventView[]> {
+    return this.orders.listOrderEvents(clientId, id);
+  }
+
+  @Patch(':id')
+  @ApiOperation({
+    summary: 'Change the shipping address and/or note',
+    description:
+      'Optimistic locking: send If-Match with the ETag of your last read. If the order changed since (another edit or a status change), ' +
+      'the answer is 412 with the current ETag and nothing is written. Allowed while the order is created or paid. note: null clears the note.',
+  })
+  @ApiHeader(IF_MATCH)
+  @ApiOkResponse({ type: OrderView, headers: ETAG_HEADER, description: 'The changed order, with its new version.' })
+  @ApiProblems(
+    { ...VALIDATION_FAILED, description: 'The body is invalid (unknown fields, neither shippingAddress nor note, bad values), or If-Match is not a list of quoted ETags.' },
+    ORDER_NOT_FOUND,
+    {
+      status: 409,
+      description: 'The order is past the point where its details may change.',
+      headers: ETAG_HEADER,
+      example: { type: 'urn:idempotent-orders:problem:order-not-editable', title: 'Order can no longer be changed', status: 409, detail: 'Order 6f1c… is shipped: its shipping address and note can change only while it is created or paid.', currentStatus: 'shipped', editableStatuses: ['created', 'paid'] },
+    },
+    {
+      status: 412,
+      description: 'If-Match names a version the order is no longer at. Nothing was changed; the ETag header has the current version: read the order again and retry.',
+      headers: ETAG_HEADER,
+      example: { type: 'urn:idempotent-orders:problem:stale-version', title: 'The order has changed', status: 412, detail: 'Order 6f1c… is at version 4, not the one in If-Match. Read it again (GET /orders/6f1c…) and retry with its ETag.', currentVersion: 4 },
+    },
+    {
+      status: 428,
+      description: 'If-Match is missing (or is *, which names no version).',
+      example: { type: 'urn:idempotent-orders:problem:precondition-required', title: 'Precondition required', status: 428, detail: 'This update needs If-Match with the ETag of your last read of the order, e.g. If-Match: "3".' },
+    },
+  )
+  async updateOrderDetails(
+    @ClientId() clientId: string,
+    @Param('id') id: string,
+    @Headers('if-match') ifMatch: string | undefined,
+    @Body() dto: UpdateOrderDto,
+    @Res({ passthrough: true }) res: Response,
+  ): Promise<OrderView> {
+    const order = await this.orders.updateOrderDetails(clientId, id, parseIfMatch(ifMatch), dto);
     res.setHeader('ETag', etagOf(order));
     return order;
   }

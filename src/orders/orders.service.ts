@@ -6,7 +6,12 @@ import { Database } from '../database/database.service.js';
 import type { CreateOrderDto, OrderItemDto } from './dto/create-order.dto.js';
 import { DEFAULT_PAGE_SIZE, type ListOrdersQuery } from './dto/list-orders.query.js';
 import type { OrderPage, OrderView } from './dto/order.view.js';
+import type { OrderEventView } from './dto/order-event.view.js';
+import type { UpdateOrderDto } from './dto/update-order.dto.js';
+import { versionEtag } from './if-match.js';
 import { decodeCursor, encodeCursor } from './order-cursor.js';
+import { allowedFrom, nextStatuses } from './order-state-machine.js';
+import type { OrderStatus } from './order-status.js';
 
 interface OrderRow {
   id: string;
@@ -91,6 +96,90 @@ function canonicalAddress(address: unknown): unknown {
   return Object.fromEntries(Object.entries(address).filter(([, v]) => v !== undefined).sort(([a], [b]) => a.localeCompare(b)));
 }
 
+/** The moves clients make through the API; paid and refunded follow payments. */
+export type ClientTransition = Extract<OrderStatus, 'cancelled' | 'shipped' | 'delivered'>;
+
+/** The address and note may change until the parcel leaves, and not on a cancelled order. */
+export const EDITABLE_STATUSES: readonly OrderStatus[] = ['created', 'paid'];
+
+export interface TransitionResult {
+  order: OrderView;
+  /** False when the order already was in the target status: nothing was written. */
+  changed: boolean;
+}
+
+interface OrderEventRow {
+  id: string | null;
+  order_id: string;
+  from_status: OrderStatus;
+  to_status: OrderStatus;
+  created_at: Date;
+}
+
+/**
+ * Moves an order to $3 when its status is one of $4 and records the move: one statement, so
+ * the history row exists exactly when the status changed. The UPDATE's WHERE decides.
+ * `locked` only supplies the status being replaced: FOR UPDATE waits for a concurrent move and
+ * returns the newest row, the one the UPDATE then changes; a plain self-join would report the
+ * status in the statement's older snapshot (RETURNING OLD.status needs PostgreSQL 18).
+ * clock_timestamp(), taken under the row lock, orders the history as the moves committed;
+ * now() is the transaction's start, which can precede the previous move's.
+ */
+const TRANSITION_ORDER = `
+  WITH locked AS MATERIALIZED (
+    SELECT id, status FROM orders WHERE id = $1 AND client_id = $2 AND status = ANY($4::text[]) FOR UPDATE
+  ), updated AS (
+    UPDATE orders o SET status = $3, version = o.version + 1, updated_at = now()
+      FROM locked
+     WHERE o.id = $1 AND o.client_id = $2 AND o.status = ANY($4::text[]) AND o.id = locked.id
+    RETURNING ${ORDER_COLUMNS}, locked.status AS from_status
+  ), event AS (
+    INSERT INTO order_events (order_id, from_status, to_status, created_at)
+    SELECT id, from_status, status, clock_timestamp() FROM updated
+  )
+  SELECT * FROM updated`;
+
+/**
+ * The optimistic lock: changes the details only at a version the client read ($3) and while the
+ * order is editable ($8); no row back means nothing changed. $4/$6 say whether a field was sent,
+ * so an absent field is kept and note can be set to null. (The outer SELECT makes the driver
+ * return rows, as for any read.)
+ */
+const UPDATE_ORDER_DETAILS = `
+  WITH updated AS (
+    UPDATE orders o SET
+      shipping_address = CASE WHEN $4::boolean THEN $5::jsonb ELSE o.shipping_address END,
+      note = CASE WHEN $6::boolean THEN $7::text ELSE o.note END,
+      version = o.version + 1,
+      updated_at = now()
+     WHERE o.id = $1 AND o.client_id = $2 AND o.version = ANY($3::int[]) AND o.status = ANY($8::text[])
+    RETURNING ${ORDER_COLUMNS}
+  )
+  SELECT * FROM updated`;
+
+/** The LEFT JOIN keeps one row for an order without history, so "no rows" means no such order. */
+const LIST_ORDER_EVENTS = `
+  SELECT e.id, e.order_id, e.from_status, e.to_status, e.created_at
+    FROM orders o LEFT JOIN order_events e ON e.order_id = o.id
+   WHERE o.id = $1 AND o.client_id = $2
+   ORDER BY e.created_at, e.id`;
+
+/** The same answer as findOrder's for another client's order or an id that cannot exist. */
+function orderNotFound(id: string): ProblemException {
+  return ProblemException.of(404, 'order-not-found', 'Order not found', `There is no order ${id}.`);
+}
+
+function invalidTransition(order: OrderView, target: OrderStatus): ProblemException {
+  return ProblemException.of(
+    409,
+    'invalid-transition',
+    'Transition not allowed',
+    `Order ${order.id} is ${order.status}: it cannot become ${target}.`,
+    { currentStatus: order.status, allowedTransitions: [...nextStatuses(order.status)] },
+    { ETag: versionEtag(order.version) },
+  );
+}
+
 @Injectable()
 export class OrdersService {
   constructor(private readonly db: Database) {}
@@ -171,5 +260,82 @@ export class OrdersService {
       items: page.map(toView),
       nextCursor: rows.length > limit && last ? encodeCursor({ createdAt: last.created_at_key!, id: last.id }) : null,
     };
+  }
+
+  /**
+   * Moves an order to `target` (DESIGN §3.2) with one conditional UPDATE, never check-then-update:
+   * of concurrent requests exactly one moves it. Asking again for the status the order is
+   * already in succeeds and writes nothing.
+   */
+  async transitionOrder(clientId: string, id: string, target: ClientTransition): Promise<TransitionResult> {
+    if (!isUUID(id)) throw orderNotFound(id);
+    const from = allowedFrom(target);
+    return this.db.transaction(async () => {
+      for (let attempt = 0; ; attempt++) {
+        const [row] = await this.db.query<OrderRow>(TRANSITION_ORDER, [id, clientId, target, from]);
+        if (row) return { order: toView(row), changed: true };
+        const current = await this.findOrder(clientId, id);
+        if (current.status === target) return { order: current, changed: false };
+        // Moved into an allowed status after the UPDATE looked (paid just now, say): the move is
+        // valid after all. Statuses only go forward, so this happens at most once or twice.
+        if (from.includes(current.status) && attempt < 2) continue;
+        throw invalidTransition(current, target);
+      }
+    });
+  }
+
+  /**
+   * Changes the shipping address and/or note if the order is still at one of `expectedVersions`
+   * (from If-Match). A stale version is a 412 carrying the current ETag; nothing is written.
+   */
+  async updateOrderDetails(clientId: string, id: string, expectedVersions: number[], dto: UpdateOrderDto): Promise<OrderView> {
+    if (dto.shippingAddress === undefined && dto.note === undefined) {
+      const messages = ['send shippingAddress, note or both'];
+      throw ProblemException.of(400, 'validation-failed', 'Validation failed', 'Send shippingAddress, note or both.', {
+        errors: [{ field: 'shippingAddress', messages }, { field: 'note', messages }],
+      });
+    }
+    if (!isUUID(id)) throw orderNotFound(id);
+    const [row] = await this.db.query<OrderRow>(UPDATE_ORDER_DETAILS, [
+      id,
+      clientId,
+      expectedVersions,
+      dto.shippingAddress !== undefined,
+      dto.shippingAddress !== undefined ? canonicalAddress(dto.shippingAddress) : null,
+      dto.note !== undefined,
+      dto.note ?? null,
+      EDITABLE_STATUSES,
+    ]);
+    if (row) return toView(row);
+    const current = await this.findOrder(clientId, id);
+    // A status that forbids the change is reported first: re-reading the order would not help.
+    if (!EDITABLE_STATUSES.includes(current.status)) {
+      throw ProblemException.of(
+        409,
+        'order-not-editable',
+        'Order can no longer be changed',
+        `Order ${id} is ${current.status}: its shipping address and note can change only while it is ${EDITABLE_STATUSES.join(' or ')}.`,
+        { currentStatus: current.status, editableStatuses: EDITABLE_STATUSES },
+        { ETag: versionEtag(current.version) },
+      );
+    }
+    throw ProblemException.of(
+      412,
+      'stale-version',
+      'The order has changed',
+      `Order ${id} is at version ${current.version}, not the one in If-Match. Read it again (GET /orders/${id}) and retry with its ETag.`,
+      { currentVersion: current.version },
+      { ETag: versionEtag(current.version) },
+    );
+  }
+
+  /** An order's status changes, oldest first. */
+  async listOrderEvents(clientId: string, id: string): Promise<OrderEventView[]> {
+    if (!isUUID(id)) throw orderNotFound(id);
+    const rows = await this.db.query<OrderEventRow>(LIST_ORDER_EVENTS, [id, clientId]);
+    if (rows.length === 0) throw orderNotFound(id);
+    return rows.flatMap((e) =>
+      e.id === null ? [] : [{ id: e.id, orderId: e.order_id, fromStatus: e.from_status, toStatus: e.to_status, createdAt: e.created_at.toISOString() }],
+    );
   }
 }
