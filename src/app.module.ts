@@ -19,11 +19,20 @@ import { OrdersModule } from './orders/orders.module.js';
 /** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
-function requestId(req: IncomingMessage, res: ServerResponse): string {
+type WithId = IncomingMessage & { id?: string };
+
+/** Express middleware, registered first: every response carries X-Request-Id, and logs share it. */
+export function assignRequestId(req: WithId, res: ServerResponse, next: () => void): void {
+  requestId(req, res);
+  next();
+}
+
+function requestId(req: WithId, res: ServerResponse): string {
+  if (req.id) return req.id;
   const given = req.headers['x-request-id'];
-  const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
-  res.setHeader('X-Request-Id', id);
-  return id;
+  req.id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+  res.setHeader('X-Request-Id', req.id);
+  return req.id;
 }
 
 export interface AppOptions {

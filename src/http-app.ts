@@ -6,7 +6,7 @@ import type { ValidationError } from 'class-validator';
 import type { NextFunction, Request, Response } from 'express';
 import { Logger } from 'nestjs-pino';
 import { Registry } from 'prom-client';
-import { AppModule, type AppOptions } from './app.module.js';
+import { AppModule, type AppOptions, assignRequestId } from './app.module.js';
 import { ProblemException } from './common/problem.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 
@@ -28,6 +28,33 @@ export function validationProblem(errors: ValidationError[]): ProblemException {
   const flat = flattenErrors(errors);
   const detail = flat.map((e) => `${e.field}: ${e.messages.join('; ')}`).join(' | ') || 'The request is not valid.';
   return ProblemException.of(400, 'validation-failed', 'Validation failed', detail, { errors: flat });
+}
+
+/**
+ * Deeper JSON than any request of ours (an order is 3 levels) is refused before anything walks
+ * it recursively: 10 000 nested arrays fit in 20 KB and would overflow the stack of the
+ * validator and the fingerprint (a 500 on client input). JSON.parse itself copes.
+ */
+export const MAX_JSON_DEPTH = 32;
+
+/** Iterative, so the check itself cannot overflow the stack it protects. */
+export function jsonDepthWithin(value: unknown, max: number): boolean {
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length) {
+    const [node, depth] = stack.pop()!;
+    if (node === null || typeof node !== 'object') continue;
+    if (depth > max) return false;
+    for (const child of Object.values(node)) stack.push([child, depth + 1]);
+  }
+  return true;
+}
+
+function refuseDeepJson(req: Request, _res: Response, next: NextFunction): void {
+  if (!jsonDepthWithin(req.body, MAX_JSON_DEPTH)) {
+    next(ProblemException.of(400, 'json-too-deep', 'JSON nested too deeply', `The JSON body is nested deeper than ${MAX_JSON_DEPTH} levels.`));
+    return;
+  }
+  next();
 }
 
 /** A body we cannot read as JSON is refused before anything runs (415), rather than silently ignored. */
@@ -62,6 +89,8 @@ export async function createHttpApp(options: AppOptions): Promise<NestExpressApp
   app.useLogger(app.get(Logger));
   app.disable('x-powered-by');
   app.set('etag', false);
+  // First of all, so that even a request refused by the body parser carries its id.
+  app.use(assignRequestId);
   const duration = httpDurationHistogram(app.get(Registry));
   app.use((req: Request, res: Response, next: NextFunction) => {
     const end = duration.startTimer();
@@ -75,6 +104,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestExpressApp
   });
   app.use(requireJsonBody);
   app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
+  app.use(refuseDeepJson);
   app.useGlobalPipes(
     new ValidationPipe({
       whitelist: true,

@@ -48,6 +48,17 @@ function integer(env: Env, name: string, fallback: number, min: number, max: num
   return Number(raw);
 }
 
+/** A URL as it may be printed: any password (or a value too broken to parse) is hidden. */
+function printableUrl(raw: string): string {
+  try {
+    const parsed = new URL(raw);
+    if (parsed.password) parsed.password = '***';
+    return parsed.toString();
+  } catch {
+    return raw.includes('@') ? '***' : raw;
+  }
+}
+
 function url(env: Env, name: string, protocols: string[]): string | undefined {
   const raw = env[name];
   if (raw === undefined || raw === '') return undefined;
@@ -55,13 +66,16 @@ function url(env: Env, name: string, protocols: string[]): string | undefined {
   try {
     parsed = new URL(raw);
   } catch {
-    throw new ConfigError(name, 'must be a URL', raw);
+    throw new ConfigError(name, 'must be a URL', printableUrl(raw));
   }
   if (!protocols.includes(parsed.protocol)) {
-    throw new ConfigError(name, `must use ${protocols.join(' or ')}`, raw);
+    throw new ConfigError(name, `must use ${protocols.join(' or ')}`, printableUrl(raw));
   }
   return raw;
 }
+
+/** Only the client ids of API_KEYS are ever printed. */
+const printableKeys = (raw: string) => raw.split(',').map((pair) => `${pair.split(':')[0].split('=')[0].trim()}:***`).join(',');
 
 function apiClients(raw: string): ApiClient[] {
   const clients = raw.split(',').map((pair) => {
@@ -72,7 +86,7 @@ function apiClients(raw: string): ApiClient[] {
       throw new ConfigError(
         'API_KEYS',
         'must be a comma-separated list of clientId:secret (clientId of letters, digits, ._-; secret of 16+ characters)',
-        raw.replace(/:[^,]*/g, ':***'),
+        printableKeys(raw),
       );
     }
     return { clientId, secret };
@@ -80,7 +94,7 @@ function apiClients(raw: string): ApiClient[] {
   const ids = new Set(clients.map((c) => c.clientId));
   const secrets = new Set(clients.map((c) => c.secret));
   if (ids.size !== clients.length || secrets.size !== clients.length) {
-    throw new ConfigError('API_KEYS', 'must not repeat a clientId or a secret', raw.replace(/:[^,]*/g, ':***'));
+    throw new ConfigError('API_KEYS', 'must not repeat a clientId or a secret', printableKeys(raw));
   }
   return clients;
 }

@@ -3,7 +3,7 @@ import type { DataSource } from 'typeorm';
 // Any fixed number: every instance of this service takes the same advisory lock.
 const MIGRATION_LOCK = 7_400_101;
 
-/** Applies pending migrations; several instances starting at once take turns instead of racing. */
+/** Applies pending migrations; several instances starting at once take turns instead of racing. Needs a pool of 2+ connections (the lock holds one). */
 export async function applyMigrations(dataSource: DataSource): Promise<string[]> {
   const runner = dataSource.createQueryRunner();
   await runner.connect();

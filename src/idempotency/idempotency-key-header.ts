@@ -20,13 +20,13 @@ export function parseIdempotencyKey(raw: string | string[]): string {
   if (Array.isArray(raw)) throw malformedKey('Send exactly one Idempotency-Key header.');
   const value = raw.trim();
   if (value.startsWith('"')) {
-    let item: ReturnType<typeof parseItem>;
+    let key: unknown;
+    let params: Map<string, unknown>;
     try {
-      item = parseItem(value);
+      [key, params] = parseItem(value) as [unknown, Map<string, unknown>];
     } catch {
       throw malformedKey('A quoted Idempotency-Key must be one RFC 8941 string, such as "8e03978e-40d5-43e8-bc93-6894a57f9324".');
     }
-    const [key, params] = item;
     if (typeof key !== 'string' || params.size > 0) throw malformedKey('A quoted Idempotency-Key must be a plain RFC 8941 string, without parameters.');
     if (key.length < 1 || key.length > MAX_KEY_LENGTH) throw malformedKey(`An Idempotency-Key has 1 to ${MAX_KEY_LENGTH} characters.`);
     return key;

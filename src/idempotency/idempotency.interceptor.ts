@@ -39,7 +39,7 @@ function pickHeaders(headers: Record<string, unknown>): Record<string, string> {
   const picked: Record<string, string> = {};
   for (const name of REPLAYED_HEADERS) {
     const value = headers[name] ?? headers[name.replace(/(^|-)\w/g, (c) => c.toUpperCase())];
-    if (value !== undefined) picked[name] = String(value);
+    if (typeof value === 'string' || typeof value === 'number') picked[name] = String(value);
   }
   return picked;
 }

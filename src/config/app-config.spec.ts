@@ -1,0 +1,215 @@
+import { ConfigError, DEV_API_CLIENT, loadConfig } from './app-config.js';
+
+type Env = Record<string, string | undefined>;
+
+const PG_URL = 'postgres://app:pw@db.internal:5432/orders';
+const KEYS = 'alice:alice-secret-0123456789,bob:bob-secret-0123456789';
+
+/** The ConfigError loadConfig throws for env; fails the test when it accepts env or throws anything else. */
+function configError(env: Env): ConfigError {
+  let thrown: unknown;
+  try {
+    loadConfig(env);
+  } catch (err) {
+    thrown = err;
+  }
+  if (thrown === undefined) throw new Error(`loadConfig accepted ${JSON.stringify(env)}`);
+  expect(thrown).toBeInstanceOf(ConfigError);
+  return thrown as ConfigError;
+}
+
+describe('loadConfig: defaults', () => {
+  it('an empty environment is an embedded dev run with every documented default', () => {
+    expect(loadConfig({})).toEqual({
+      port: 3000,
+      databaseUrl: undefined,
+      embeddedPgDir: '.data/postgres',
+      embeddedPgPort: 54329,
+      apiClients: [DEV_API_CLIENT],
+      usingDevApiKey: true,
+      idempotencyTtlSeconds: 86_400,
+      idempotencyWaitMs: 5_000,
+      idempotencyLeaseSeconds: 60,
+      submitTokenTtlSeconds: 600,
+      pspBaseUrl: undefined,
+      pspTimeoutMs: 2_000,
+      pspWebhookSecret: expect.any(String),
+      pspWebhookUrl: undefined,
+      logLevel: 'info',
+    });
+  });
+
+  it('treats empty strings (as an .env file writes them) like unset variables', () => {
+    const empty = Object.fromEntries(
+      [
+        'PORT',
+        'DATABASE_URL',
+        'EMBEDDED_PG_DIR',
+        'EMBEDDED_PG_PORT',
+        'API_KEYS',
+        'IDEMPOTENCY_TTL_SECONDS',
+        'IDEMPOTENCY_WAIT_MS',
+        'IDEMPOTENCY_LEASE_SECONDS',
+        'SUBMIT_TOKEN_TTL_SECONDS',
+        'PSP_BASE_URL',
+        'PSP_TIMEOUT_MS',
+        'PSP_WEBHOOK_SECRET',
+        'PSP_WEBHOOK_URL',
+        'LOG_LEVEL',
+      ].map((name) => [name, '']),
+    );
+    expect(loadConfig(empty)).toEqual(loadConfig({}));
+  });
+
+  it('the dev API key is used only when API_KEYS is unset and the database is embedded', () => {
+    const embedded = loadConfig({});
+    expect(embedded.databaseUrl).toBeUndefined();
+    expect(embedded.usingDevApiKey).toBe(true);
+    expect(embedded.apiClients).toEqual([DEV_API_CLIENT]);
+
+    const withKeys = loadConfig({ API_KEYS: KEYS });
+    expect(withKeys.usingDevApiKey).toBe(false);
+    expect(withKeys.apiClients.map((c) => c.clientId)).toEqual(['alice', 'bob']);
+    expect(withKeys.apiClients).not.toContainEqual(DEV_API_CLIENT);
+
+    const real = loadConfig({ DATABASE_URL: PG_URL, API_KEYS: KEYS });
+    expect(real.databaseUrl).toBe(PG_URL);
+    expect(real.usingDevApiKey).toBe(false);
+    expect(real.apiClients).toEqual([
+      { clientId: 'alice', secret: 'alice-secret-0123456789' },
+      { clientId: 'bob', secret: 'bob-secret-0123456789' },
+    ]);
+    expect(real.apiClients.map((c) => c.secret)).not.toContain(DEV_API_CLIENT.secret);
+  });
+
+  it('reads every variable it is given', () => {
+    const config = loadConfig({
+      PORT: '8080',
+      DATABASE_URL: 'postgresql://u:p@localhost/db',
+      EMBEDDED_PG_DIR: '/var/lib/io',
+      EMBEDDED_PG_PORT: '6543',
+      API_KEYS: ' alice : alice-secret-0123456789 ',
+      IDEMPOTENCY_TTL_SECONDS: '3600',
+      IDEMPOTENCY_WAIT_MS: '0',
+      IDEMPOTENCY_LEASE_SECONDS: '30',
+      SUBMIT_TOKEN_TTL_SECONDS: '120',
+      PSP_BASE_URL: 'https://psp.example.com',
+      PSP_TIMEOUT_MS: '1500',
+      PSP_WEBHOOK_SECRET: 'whsec_0123456789abcdef',
+      PSP_WEBHOOK_URL: 'http://localhost:8080/webhooks/psp',
+      LOG_LEVEL: 'debug',
+    });
+    expect(config).toEqual({
+      port: 8080,
+      databaseUrl: 'postgresql://u:p@localhost/db',
+      embeddedPgDir: '/var/lib/io',
+      embeddedPgPort: 6543,
+      apiClients: [{ clientId: 'alice', secret: 'alice-secret-0123456789' }],
+      usingDevApiKey: false,
+      idempotencyTtlSeconds: 3600,
+      idempotencyWaitMs: 0,
+      idempotencyLeaseSeconds: 30,
+      submitTokenTtlSeconds: 120,
+      pspBaseUrl: 'https://psp.example.com',
+      pspTimeoutMs: 1500,
+      pspWebhookSecret: 'whsec_0123456789abcdef',
+      pspWebhookUrl: 'http://localhost:8080/webhooks/psp',
+      logLevel: 'debug',
+    });
+  });
+});
+
+describe('loadConfig: a bad value stops with a ConfigError naming the variable', () => {
+  const cases: [variable: string, env: Env][] = [
+    ['PORT', { PORT: 'abc' }],
+    ['PORT', { PORT: '70000' }],
+    ['PORT', { PORT: '-1' }],
+    ['PORT', { PORT: '80.5' }],
+    ['DATABASE_URL', { DATABASE_URL: 'not-a-url', API_KEYS: KEYS }],
+    ['DATABASE_URL', { DATABASE_URL: 'http://x', API_KEYS: KEYS }],
+    ['API_KEYS', { API_KEYS: 'alice' }],
+    ['API_KEYS', { API_KEYS: ':alice-secret-0123456789' }],
+    ['API_KEYS', { API_KEYS: 'al ice:alice-secret-0123456789' }],
+    ['API_KEYS', { API_KEYS: 'alice:alice-secret-0123456789,' }],
+    ['API_KEYS', { API_KEYS: 'alice:short' }],
+    ['API_KEYS', { API_KEYS: 'alice:alice-secret-0123456789,alice:other-secret-0123456789' }],
+    ['API_KEYS', { API_KEYS: 'alice:shared-secret-0123456789,bob:shared-secret-0123456789' }],
+    ['API_KEYS', { DATABASE_URL: PG_URL }],
+    ['API_KEYS', { DATABASE_URL: PG_URL, API_KEYS: '   ' }],
+    ['IDEMPOTENCY_TTL_SECONDS', { IDEMPOTENCY_TTL_SECONDS: '0' }],
+    ['IDEMPOTENCY_WAIT_MS', { IDEMPOTENCY_WAIT_MS: '-1' }],
+    ['IDEMPOTENCY_LEASE_SECONDS', { IDEMPOTENCY_LEASE_SECONDS: 'x' }],
+    ['SUBMIT_TOKEN_TTL_SECONDS', { SUBMIT_TOKEN_TTL_SECONDS: 'x' }],
+    ['PSP_BASE_URL', { PSP_BASE_URL: 'ftp://x' }],
+    ['PSP_BASE_URL', { PSP_BASE_URL: 'not a url' }],
+    ['PSP_TIMEOUT_MS', { PSP_TIMEOUT_MS: '0' }],
+    ['PSP_WEBHOOK_SECRET', { PSP_WEBHOOK_SECRET: 'short' }],
+    ['PSP_WEBHOOK_URL', { PSP_WEBHOOK_URL: 'ftp://x' }],
+    ['LOG_LEVEL', { LOG_LEVEL: 'loud' }],
+    ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '1' }],
+    ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '70000' }],
+  ];
+
+  it.each(cases)('%s: %j', (variable, env) => {
+    const err = configError(env);
+    expect(err.variable).toBe(variable);
+    expect(err.name).toBe('ConfigError');
+    expect(err.message).toContain(variable);
+  });
+
+  it('covers every variable that has a value to validate', () => {
+    expect(new Set(cases.map(([variable]) => variable))).toEqual(
+      new Set([
+        'PORT',
+        'DATABASE_URL',
+        'API_KEYS',
+        'IDEMPOTENCY_TTL_SECONDS',
+        'IDEMPOTENCY_WAIT_MS',
+        'IDEMPOTENCY_LEASE_SECONDS',
+        'SUBMIT_TOKEN_TTL_SECONDS',
+        'PSP_BASE_URL',
+        'PSP_TIMEOUT_MS',
+        'PSP_WEBHOOK_SECRET',
+        'PSP_WEBHOOK_URL',
+        'LOG_LEVEL',
+        'EMBEDDED_PG_PORT',
+      ]),
+    );
+  });
+
+  it('accepts the bounds themselves', () => {
+    expect(loadConfig({ PORT: '0' }).port).toBe(0);
+    expect(loadConfig({ PORT: '65535' }).port).toBe(65535);
+    expect(loadConfig({ IDEMPOTENCY_TTL_SECONDS: '1' }).idempotencyTtlSeconds).toBe(1);
+    expect(loadConfig({ EMBEDDED_PG_PORT: '1024' }).embeddedPgPort).toBe(1024);
+    expect(loadConfig({ PSP_WEBHOOK_SECRET: '0123456789abcdef' }).pspWebhookSecret).toBe('0123456789abcdef');
+  });
+});
+
+describe('loadConfig: a secret never appears in an error message', () => {
+  const SECRET = 'Sup3rS3cretValue-XYZ-987';
+
+  it.each<[what: string, secret: string, env: Env]>([
+    ['a short API key', 'Sup3rS3cr', { API_KEYS: 'alice:Sup3rS3cr' }],
+    ['an API key next to a malformed client id', SECRET, { API_KEYS: `al ice:${SECRET}` }],
+    ['an API key next to a malformed entry', SECRET, { API_KEYS: `alice:${SECRET},bob` }],
+    ['a duplicated client', SECRET, { API_KEYS: `alice:${SECRET},alice:${SECRET}-2` }],
+    ['a duplicated secret', SECRET, { API_KEYS: `alice:${SECRET},bob:${SECRET}` }],
+    ['an API key written with = instead of :', SECRET, { API_KEYS: `alice=${SECRET}` }],
+    ['a short webhook secret', 'Sup3rS3cr', { PSP_WEBHOOK_SECRET: 'Sup3rS3cr' }],
+    ['the password in a DATABASE_URL of the wrong scheme', SECRET, { DATABASE_URL: `mysql://app:${SECRET}@db/orders`, API_KEYS: KEYS }],
+    ['the password in an unparsable DATABASE_URL', SECRET, { DATABASE_URL: `postgres://app:${SECRET}@db:99999/orders`, API_KEYS: KEYS }],
+    ['the password in a PSP_BASE_URL of the wrong scheme', SECRET, { PSP_BASE_URL: `ftp://psp:${SECRET}@psp.example.com` }],
+  ])('%s', (_what, secret, env) => {
+    const err = configError(env);
+    expect(err.message).not.toContain(secret);
+    expect(String(err)).not.toContain(secret);
+    expect(JSON.stringify(err)).not.toContain(secret);
+  });
+
+  it('a valid key is not in the message of an error about another entry', () => {
+    const err = configError({ API_KEYS: `alice:${SECRET},bob:short` });
+    expect(err.message).toContain('API_KEYS');
+    expect(err.message).not.toContain(SECRET);
+  });
+});
