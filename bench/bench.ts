@@ -10,7 +10,8 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtemp, rm, chmod } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
@@ -136,7 +137,9 @@ async function main(): Promise<void> {
     console.error('migrated; starting the service');
     await setup.destroy();
 
-    service = spawn(process.execPath, [resolve('dist/src/main.js')], {
+    // BENCH_SERVICE_ARGS='--cpu-prof' profiles the service while it is measured.
+    const nodeArgs = process.env.BENCH_SERVICE_ARGS?.split(' ').filter(Boolean) ?? [];
+    service = spawn(process.execPath, [...nodeArgs, fileURLToPath(new URL('../src/main.js', import.meta.url))], {
       env: { PATH: process.env.PATH, PORT: '0', DATABASE_URL: server.url, API_KEYS: `bench:${SECRET}`, LOG_LEVEL: 'warn' },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
@@ -187,7 +190,11 @@ async function main(): Promise<void> {
     console.log(`replay / GET /health:         ${(byName('replay').rps / byName('GET /health').rps).toFixed(2)}×`);
     console.log(`storm p99 / uncontended p50:  ${(stormRow.p99 / alone.p50).toFixed(2)}× (storm errors: ${stormRow.errors})`);
   } finally {
-    service?.kill('SIGTERM');
+    if (service && service.exitCode === null) {
+      const exited = new Promise((r) => service!.once('exit', r));
+      service.kill('SIGTERM');
+      await exited;
+    }
     await server.stop();
     await rm(dir, { recursive: true, force: true });
   }

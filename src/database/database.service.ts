@@ -1,36 +1,52 @@
 import { Injectable } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { DataSource, type EntityManager } from 'typeorm';
+import type { Pool, PoolClient } from 'pg';
+import { DataSource } from 'typeorm';
+import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 
 /**
  * SQL in the current transaction. `transaction(fn)` opens one and every `query` made while `fn`
  * runs — in this service or any other — joins it, so an interceptor can claim an idempotency key,
  * let the handler write, and record the response in ONE commit.
  *
- * (@nestjs-cls/transactional does this too, but it is CommonJS that require()s the ESM-only
- * Nest 12: Jest cannot load it on Node 20. Twenty lines of AsyncLocalStorage can.)
+ * It talks to TypeORM's own `pg` pool directly: the hot path is hand-written SQL, and TypeORM's
+ * QueryRunner per statement costs CPU the 2-core benchmark machine shares with PostgreSQL.
+ * (@nestjs-cls/transactional would carry the transaction too, but it is CommonJS that
+ * require()s the ESM-only Nest 12, which Jest cannot load on Node 20.)
  */
 @Injectable()
 export class Database {
-  private readonly current = new AsyncLocalStorage<EntityManager>();
+  private readonly current = new AsyncLocalStorage<PoolClient>();
 
   constructor(private readonly dataSource: DataSource) {}
 
-  /** The rows the statement returned (for UPDATE/DELETE … RETURNING too, where TypeORM's plain query() returns [rows, count]). */
+  private get pool(): Pool {
+    return (this.dataSource.driver as PostgresDriver).master as Pool;
+  }
+
+  /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
   async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
-    const runner = this.current.getStore()?.queryRunner ?? this.dataSource.createQueryRunner();
-    try {
-      const result = await runner.query(sql, params, true);
-      return result.records as T[];
-    } finally {
-      if (runner !== this.current.getStore()?.queryRunner) await runner.release();
-    }
+    const result = await (this.current.getStore() ?? this.pool).query(sql, params);
+    return result.rows as T[];
   }
 
   /** Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves, rolls back when it throws. */
-  transaction<T>(fn: () => Promise<T>): Promise<T> {
+  async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
-    return this.dataSource.transaction((manager) => this.current.run(manager, fn));
+    const client = await this.pool.connect();
+    let reusable = true;
+    try {
+      await client.query('BEGIN');
+      const result = await this.current.run(client, fn);
+      await client.query('COMMIT');
+      return result;
+    } catch (err) {
+      // A connection that cannot even roll back is dropped, not handed to the next request.
+      await client.query('ROLLBACK').catch(() => (reusable = false));
+      throw err;
+    } finally {
+      client.release(!reusable);
+    }
   }
 
   get inTransaction(): boolean {
