@@ -15,6 +15,7 @@ import { HealthModule } from './health/health.module.js';
 import { IdempotencyModule } from './idempotency/idempotency.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
 import { OrdersModule } from './orders/orders.module.js';
+import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
 
 /** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -52,10 +53,14 @@ export class AppModule {
           pinoHttp: {
             level: config.logLevel,
             genReqId: requestId,
-            customProps: (req) => ({ clientId: (req as { clientId?: string }).clientId }),
             // Health probes and scrapes would drown the log.
             autoLogging: { ignore: (req) => req.url === '/health' || req.url === '/metrics' },
-            redact: ['req.headers.authorization', 'req.headers.cookie'],
+            // pino-http serialises the request into a child logger on EVERY request, logged or not:
+            // keep it to what a log line needs. No headers, so no credentials to redact.
+            serializers: {
+              req: (req: { id: string; method: string; url: string }) => ({ id: req.id, method: req.method, url: req.url }),
+              res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
+            },
           },
         }),
         // lock_timeout 0 would mean "wait forever": a zero wait is the shortest one PostgreSQL can do.
@@ -66,6 +71,7 @@ export class AppModule {
         HealthModule,
         IdempotencyModule,
         OrdersModule,
+        SubmitTokensModule,
       ],
       providers: [
         { provide: APP_GUARD, useClass: ApiKeyGuard },

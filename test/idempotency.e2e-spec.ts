@@ -103,6 +103,32 @@ describe('Idempotency-Key on POST /orders', () => {
     expect(await metric('mismatch')).toBeGreaterThanOrEqual(1);
   });
 
+  it('answers 422 for the same key on another endpoint, and runs nothing there', async () => {
+    const key = randomUUID();
+    const created = await post(key, order({ note: 'other-endpoint' }));
+    expect(created.status).toBe(201);
+    const cancel = await request(t.url).post(`/orders/${created.body.id}/cancel`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key);
+    expect(cancel.status).toBe(422);
+    expect(cancel.body.title).toBe('Idempotency-Key is already used');
+    const { rows } = await t.db.query('SELECT status FROM orders WHERE id = $1', [created.body.id]);
+    expect(rows[0].status).toBe('created');
+  });
+
+  it('replays a transition made under a key, even after the order moved on', async () => {
+    const created = await post(randomUUID(), order({ note: 'transition-key' }));
+    const key = randomUUID();
+    const cancel = () => request(t.url).post(`/orders/${created.body.id}/cancel`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key);
+    const first = await cancel();
+    expect(first.status).toBe(200);
+    expect(first.body.status).toBe('cancelled');
+    await t.db.query(`UPDATE orders SET status = 'refunded', version = version + 1 WHERE id = $1`, [created.body.id]);
+    const again = await cancel();
+    expect(again.status).toBe(200);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(again.text).toBe(first.text);
+    expect(again.headers.etag).toBe(first.headers.etag);
+  });
+
   it('does not burn the key on a validation failure: the corrected request runs', async () => {
     const key = randomUUID();
     const invalid = await post(key, order({ note: 'fixed', currency: 'EURO' }));

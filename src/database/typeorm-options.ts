@@ -3,9 +3,10 @@ import { IdempotencyKey } from '../idempotency/idempotency-key.entity.js';
 import { Order } from '../orders/order.entity.js';
 import { OrderEvent } from '../orders/order-event.entity.js';
 import { OrderItem } from '../orders/order-item.entity.js';
+import { SubmitToken } from '../submit-tokens/submit-token.entity.js';
 import { migrations } from '../../migrations/index.js';
 
-export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent];
+export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken];
 
 export interface DatabaseTuning {
   /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */

@@ -13,6 +13,6 @@ import { IdempotencyMetrics } from './idempotency-metrics.js';
     // Global, and inert on routes without @Idempotent().
     { provide: APP_INTERCEPTOR, useClass: IdempotencyInterceptor },
   ],
-  exports: [IdempotencyKeysService],
+  exports: [IdempotencyKeysService, IdempotencyMetrics],
 })
 export class IdempotencyModule {}

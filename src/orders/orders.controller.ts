@@ -1,9 +1,30 @@
-import { applyDecorators, Body, Controller, Get, Headers, HttpCode, HttpStatus, Param, Patch, Post, Query, Res } from '@nestjs/common';
+import {
+  applyDecorators,
+  Body,
+  type CanActivate,
+  Controller,
+  type ExecutionContext,
+  Get,
+  Headers,
+  HttpCode,
+  HttpStatus,
+  Injectable,
+  Param,
+  Patch,
+  Post,
+  Query,
+  Res,
+  UseGuards,
+} from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
-import type { Response } from 'express';
+import type { Request, Response } from 'express';
 import { ApiProblems, ORDER_NOT_FOUND, type ProblemExample, UNAUTHORIZED, VALIDATION_FAILED } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
+import { IdempotencyMetrics } from '../idempotency/idempotency-metrics.js';
 import { Idempotent } from '../idempotency/idempotent.decorator.js';
+import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
+import { idempotencyKeyOrSubmitTokenMissing, submitTokenWithIdempotencyKey } from '../submit-tokens/submit-token-problems.js';
+import { SubmitTokensService } from '../submit-tokens/submit-tokens.service.js';
 import { CreateOrderDto } from './dto/create-order.dto.js';
 import { ListOrdersQuery } from './dto/list-orders.query.js';
 import { OrderEventView } from './dto/order-event.view.js';
@@ -63,17 +84,51 @@ function ApiTransition(target: ClientTransition, summary: string) {
   );
 }
 
+/**
+ * A create needs exactly one of Idempotency-Key or Submit-Token. A guard, so it runs before the
+ * idempotency interceptor: a handler check would be skipped when the key replays a stored response.
+ * (The ApiKeyGuard, global, has run first: an unauthenticated request is a 401.)
+ */
+@Injectable()
+export class IdempotencyKeyOrSubmitTokenGuard implements CanActivate {
+  constructor(private readonly idempotencyMetrics: IdempotencyMetrics) {}
+
+  canActivate(context: ExecutionContext): boolean {
+    const { headers } = context.switchToHttp().getRequest<Request>();
+    const hasKey = headers['idempotency-key'] !== undefined;
+    const hasToken = headers['submit-token'] !== undefined;
+    if (hasKey && hasToken) throw submitTokenWithIdempotencyKey();
+    if (!hasKey && !hasToken) {
+      // The interceptor's "missing" outcome: the route just accepts a second kind of key.
+      this.idempotencyMetrics.requests.inc({ outcome: 'missing' });
+      throw idempotencyKeyOrSubmitTokenMissing();
+    }
+    return true;
+  }
+}
+
 @ApiTags('orders')
 @ApiBearerAuth()
 @ApiProblems(UNAUTHORIZED)
 @Controller('orders')
 export class OrdersController {
-  constructor(private readonly orders: OrdersService) {}
+  constructor(
+    private readonly orders: OrdersService,
+    private readonly submitTokens: SubmitTokensService,
+  ) {}
 
   @Post()
   @HttpCode(HttpStatus.CREATED)
-  @Idempotent()
-  @ApiOperation({ summary: 'Create an order', description: 'The server computes totalMinor. orderNumber is the natural key per client.' })
+  // Either header makes the create safe to repeat; the guard requires exactly one.
+  @UseGuards(IdempotencyKeyOrSubmitTokenGuard)
+  @Idempotent({ required: false })
+  @ApiSubmitToken()
+  @ApiOperation({
+    summary: 'Create an order',
+    description:
+      'The server computes totalMinor. orderNumber is the natural key per client. Send exactly one of Idempotency-Key ' +
+      '(retries replay the first response) or Submit-Token (from POST /submit-tokens; creates at most one order).',
+  })
   @ApiCreatedResponse({ type: OrderView, description: 'Created.', headers: { Location: { description: '/orders/{id}', schema: { type: 'string' } }, ...ETAG_HEADER } })
   @ApiOkResponse({ type: OrderView, description: 'An order with this orderNumber and the same content exists: it is returned, nothing is created.' })
   @ApiProblems(VALIDATION_FAILED, {
@@ -81,8 +136,17 @@ export class OrdersController {
     description: 'The orderNumber belongs to an order with different content.',
     example: { type: 'urn:idempotent-orders:problem:order-number-conflict', title: 'Order number already used', status: 409, detail: 'Order number PO-1 already belongs to an order with different content.', orderId: '3b7e…' },
   }, { status: 413, description: 'The body is larger than the limit.' })
-  async createOrder(@ClientId() clientId: string, @Body() dto: CreateOrderDto, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
-    const { order, created } = await this.orders.createOrder(clientId, dto);
+  async createOrder(
+    @ClientId() clientId: string,
+    @Body() dto: CreateOrderDto,
+    @Headers('submit-token') submitToken: string | undefined,
+    @Res({ passthrough: true }) res: Response,
+  ): Promise<OrderView> {
+    // Without a Submit-Token there is an Idempotency-Key (the guard): the interceptor holds the transaction this create joins.
+    const { order, created } =
+      submitToken === undefined
+        ? await this.orders.createOrder(clientId, dto)
+        : await this.submitTokens.consumeSubmitToken(clientId, submitToken, () => this.orders.createOrder(clientId, dto));
     res.status(created ? HttpStatus.CREATED : HttpStatus.OK).location(`/orders/${order.id}`).setHeader('ETag', etagOf(order));
     return order;
   }
@@ -107,18 +171,22 @@ export class OrdersController {
 
   @Post(':id/cancel')
   @ApiTransition('cancelled', 'Cancel an order')
+  // Already safe to repeat (the conditional UPDATE); a key also replays the first answer byte for byte.
+  @Idempotent({ required: false })
   cancelOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     return this.transitionOrder(clientId, id, 'cancelled', res);
   }
 
   @Post(':id/ship')
   @ApiTransition('shipped', 'Mark a paid order as shipped')
+  @Idempotent({ required: false })
   shipOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     return this.transitionOrder(clientId, id, 'shipped', res);
   }
 
   @Post(':id/deliver')
   @ApiTransition('delivered', 'Mark a shipped order as delivered')
+  @Idempotent({ required: false })
   deliverOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     return this.transitionOrder(clientId, id, 'delivered', res);
   }
