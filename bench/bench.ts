@@ -44,7 +44,7 @@ async function cannon(name: string, url: string, opts: Partial<autocannon.Option
   return { name, rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors };
 }
 
-/** The service's SQL for one idempotent create, issued directly: claim, savepoint, order + lines, record, commit. */
+/** The service's SQL for one idempotent create, issued directly: fast-path read, claim, savepoint, order + lines, record, commit. */
 async function directCreates(url: string): Promise<Row> {
   const pool = new pg.Pool({ connectionString: url, max: 20 });
   const claim = `WITH claimed AS (INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
@@ -63,6 +63,8 @@ async function directCreates(url: string): Promise<Row> {
       const started = performance.now();
       const client = await pool.connect();
       try {
+        // The replay fast path's read, which misses for a new key.
+        await client.query(`SELECT id, fingerprint, state FROM idempotency_keys WHERE client_id = $1 AND key = $2`, ['bench', randomUUID()]);
         await client.query('BEGIN');
         const { rows } = await client.query<{ id: string }>(claim, ['bench', randomUUID(), 'f']);
         await client.query('SAVEPOINT idempotent_handler');

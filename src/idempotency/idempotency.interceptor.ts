@@ -81,7 +81,13 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   private async respond(scope: KeyScope, next: CallHandler, res: Response): Promise<unknown> {
-    const execution = await this.db.transaction(() => this.execute(scope, next, res));
+    // Fast path for retries: a completed, live key is replayed (or refused) with one read and no
+    // transaction. Only an optimisation: whatever this read misses, the claim below decides.
+    const known = await this.keys.findKey(scope.clientId, scope.key);
+    const execution =
+      known?.response && !known.expired
+        ? this.replay(scope, known, false)
+        : await this.db.transaction(() => this.execute(scope, next, res));
     if (execution.kind === 'rethrow') throw execution.error;
     const { response, replayed, outcome } = execution;
     this.note(outcome, scope.clientId, scope.key);
