@@ -1,10 +1,8 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Interval } from '@nestjs/schedule';
+import { deleteInBatches } from '../database/delete-in-batches.js';
 import { IdempotencyKeysService } from './idempotency-keys.service.js';
 
-// Small batches keep each DELETE's locks and WAL short; a few per tick keep up with ~1000 keys/s.
-const REAP_BATCH_SIZE = 500;
-const REAP_MAX_BATCHES_PER_TICK = 20;
 // Expired keys already count as absent to requests; reaping only bounds the table, so once a minute is plenty.
 const REAP_INTERVAL_MS = 60_000;
 
@@ -25,12 +23,7 @@ export class IdempotencyKeyReaper {
 
   /** Deletes expired keys batch by batch; returns how many. */
   async reapExpiredKeys(): Promise<number> {
-    let total = 0;
-    for (let batch = 0; batch < REAP_MAX_BATCHES_PER_TICK; batch++) {
-      const deleted = await this.keys.reapExpiredKeys(REAP_BATCH_SIZE);
-      total += deleted;
-      if (deleted < REAP_BATCH_SIZE) break;
-    }
+    const total = await deleteInBatches((size) => this.keys.reapExpiredKeys(size));
     if (total) this.logger.log({ deleted: total }, 'reaped expired idempotency keys');
     return total;
   }

@@ -1,10 +1,8 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Interval } from '@nestjs/schedule';
+import { deleteInBatches } from '../database/delete-in-batches.js';
 import { SubmitTokensService } from './submit-tokens.service.js';
 
-// Small batches keep each DELETE's locks and WAL short, as for idempotency keys.
-const REAP_BATCH_SIZE = 500;
-const REAP_MAX_BATCHES_PER_TICK = 20;
 // Expired tokens are already refused; reaping only bounds the table, so once a minute is plenty.
 const REAP_INTERVAL_MS = 60_000;
 
@@ -29,12 +27,7 @@ export class SubmitTokenReaper {
 
   /** Deletes long-expired tokens batch by batch; returns how many. */
   async reapExpiredSubmitTokens(): Promise<number> {
-    let total = 0;
-    for (let batch = 0; batch < REAP_MAX_BATCHES_PER_TICK; batch++) {
-      const deleted = await this.submitTokens.reapExpiredSubmitTokens(REAP_BATCH_SIZE);
-      total += deleted;
-      if (deleted < REAP_BATCH_SIZE) break;
-    }
+    const total = await deleteInBatches((size) => this.submitTokens.reapExpiredSubmitTokens(size));
     if (total) this.logger.log({ deleted: total }, 'reaped expired submit tokens');
     return total;
   }

@@ -5,22 +5,11 @@
  * import only files without relative '.js' imports, and has no import.meta or __dirname.
  */
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startEmbeddedPostgres } from '../../src/database/embedded-postgres';
+import { freePort } from './free-port';
 import type { TestRun } from './test-run';
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 export default async function globalSetup(): Promise<void> {
   const run: TestRun = { adminUrl: process.env.DATABASE_URL ?? '', id: `${process.pid}_${Date.now().toString(36)}` };
