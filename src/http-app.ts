@@ -37,24 +37,35 @@ export function validationProblem(errors: ValidationError[]): ProblemException {
  */
 export const MAX_JSON_DEPTH = 32;
 
-/** Iterative, so the check itself cannot overflow the stack it protects. */
-export function jsonDepthWithin(value: unknown, max: number): boolean {
+/** Text PostgreSQL cannot store as sent: NUL is refused by text and jsonb, and a lone surrogate is
+ * silently replaced, so a repeated create would no longer compare equal to what was stored. */
+const unstorable = (text: string) => text.includes('\u0000') || !text.isWellFormed();
+
+/**
+ * Why a parsed body must be refused before anything else reads it, or undefined when it is fine.
+ * Iterative, so the check itself cannot overflow the stack it protects.
+ */
+export function bodyDefect(value: unknown, maxDepth: number): string | undefined {
   const stack: [unknown, number][] = [[value, 1]];
   while (stack.length) {
     const [node, depth] = stack.pop()!;
+    if (typeof node === 'string') {
+      if (unstorable(node)) return 'A string in the JSON body contains a NUL character or an unpaired surrogate.';
+      continue;
+    }
     if (node === null || typeof node !== 'object') continue;
-    if (depth > max) return false;
-    for (const child of Object.values(node)) stack.push([child, depth + 1]);
+    if (depth > maxDepth) return `The JSON body is nested deeper than ${maxDepth} levels.`;
+    for (const [key, child] of Object.entries(node)) {
+      if (unstorable(key)) return 'A key in the JSON body contains a NUL character or an unpaired surrogate.';
+      stack.push([child, depth + 1]);
+    }
   }
-  return true;
+  return undefined;
 }
 
-function refuseDeepJson(req: Request, _res: Response, next: NextFunction): void {
-  if (!jsonDepthWithin(req.body, MAX_JSON_DEPTH)) {
-    next(ProblemException.of(400, 'json-too-deep', 'JSON nested too deeply', `The JSON body is nested deeper than ${MAX_JSON_DEPTH} levels.`));
-    return;
-  }
-  next();
+function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
+  const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
+  next(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
 }
 
 /** A body we cannot read as JSON is refused before anything runs (415), rather than silently ignored. */
@@ -104,7 +115,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestExpressApp
   });
   app.use(requireJsonBody);
   app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
-  app.use(refuseDeepJson);
+  app.use(refuseUnsafeJson);
   app.useGlobalPipes(
     new ValidationPipe({
       whitelist: true,

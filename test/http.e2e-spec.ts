@@ -237,6 +237,37 @@ describe('HTTP contract', () => {
     });
 
     it.each([
+      ['a NUL in the note', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"note":"a\\u0000b"}'],
+      ['a NUL in the address (jsonb)', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"shippingAddress":{"name":"a\\u0000","line1":"b","city":"c","postalCode":"d","country":"FR"}}'],
+      ['a lone surrogate in the note', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"note":"x\\ud800"}'],
+      ['a lone surrogate in a key', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"\\udc00":1}'],
+    ])('text PostgreSQL cannot store as sent (%s) is a 400, not a 500', async (_what, body) => {
+      const res = await refused(() => post(body));
+      expectProblem(res, 400);
+      expect(res.body.type).toBe('urn:idempotent-orders:problem:invalid-json-body');
+    });
+
+    it('a NUL sent to PATCH is a 400 and changes nothing', async () => {
+      const created = await post(order());
+      const res = await request(t.url)
+        .patch(`/orders/${created.body.id}`)
+        .set('Authorization', bearer(ALICE))
+        .set('If-Match', '"1"')
+        .set('Content-Type', 'application/json')
+        .send('{"note":"a\\u0000"}');
+      expectProblem(res, 400);
+      const { rows } = await t.db.query('SELECT version FROM orders WHERE id = $1', [created.body.id]);
+      expect(rows[0].version).toBe(1);
+    });
+
+    it('a cursor of the right shape naming a date that cannot exist is a 400', async () => {
+      const cursor = Buffer.from(JSON.stringify(['2024-13-45 99:99:99+00', '00000000-0000-4000-8000-000000000000'])).toString('base64url');
+      const res = await request(t.url).get(`/orders?cursor=${cursor}`).set('Authorization', bearer(ALICE));
+      expectProblem(res, 400);
+      expect(res.body.type).toBe('urn:idempotent-orders:problem:invalid-cursor');
+    });
+
+    it.each([
       ['a huge limit', '?limit=99999999999999999999999999999'],
       ['limit=1e308', '?limit=1e308'],
       ['limit=Infinity', '?limit=Infinity'],

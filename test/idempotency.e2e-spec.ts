@@ -156,6 +156,25 @@ describe('Idempotency-Key on POST /orders', () => {
     expect(await ordersWithNote('different')).toBe(0);
   });
 
+  it('a stored business 4xx keeps none of the writes the handler made before it failed (savepoint)', async () => {
+    // A trigger writes a row on every attempted order insert, even one ON CONFLICT turns into a 409.
+    await t.db.query(`CREATE TABLE probe_writes (note text)`);
+    await t.db.query(`CREATE FUNCTION probe_write() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO probe_writes VALUES (NEW.note); RETURN NEW; END $$`);
+    await t.db.query(`CREATE TRIGGER probe_write BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION probe_write()`);
+    try {
+      const number = `PO-${randomUUID()}`;
+      expect((await post(randomUUID(), order({ orderNumber: number, note: 'probe-original' }))).status).toBe(201);
+      const key = randomUUID();
+      const conflict = await post(key, order({ orderNumber: number, note: 'probe-conflict' }));
+      expect(conflict.status).toBe(409);
+      expect((await keyRows(key)).rows).toEqual([{ client_id: 'alice', state: 'completed', response_status: 409 }]);
+      const { rows } = await t.db.query(`SELECT note FROM probe_writes ORDER BY note`);
+      expect(rows).toEqual([{ note: 'probe-original' }]);
+    } finally {
+      await t.db.query('DROP TRIGGER probe_write ON orders; DROP FUNCTION probe_write(); DROP TABLE probe_writes');
+    }
+  });
+
   it('keeps two clients apart: the same key is two independent keys', async () => {
     const key = randomUUID();
     const a = await post(key, order({ note: 'alice-k' }), ALICE);

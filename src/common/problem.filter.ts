@@ -1,6 +1,6 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
 import type { Request, Response } from 'express';
-import { isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
+import { isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
 /** Seconds a client should wait before retrying after a lock or deadlock conflict: long enough for the other request to commit. */
@@ -19,6 +19,9 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
   if (isUniqueViolation(exception)) {
     // Services catch the violations they expect; one that escapes is still a duplicate, not a server fault.
     return { problem: ProblemException.of(409, 'duplicate', 'Duplicate', 'The request conflicts with an existing resource.').problem, headers: {} };
+  }
+  if (isDataException(exception)) {
+    return { problem: ProblemException.of(400, 'invalid-value', 'Invalid value', 'A value in the request cannot be stored or compared.').problem, headers: {} };
   }
   if (isTransientConflict(exception)) {
     return {

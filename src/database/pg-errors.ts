@@ -32,6 +32,14 @@ export function isUniqueViolation(err: unknown, constraint?: string): boolean {
   return e?.code === PG.uniqueViolation && (constraint === undefined || e.constraint === constraint);
 }
 
+/**
+ * SQLSTATE class 22, data exceptions: a value PostgreSQL cannot take (bad date, NUL in text, out of
+ * range). Input validation should stop these first; this is the backstop that keeps them 4xx.
+ */
+export function isDataException(err: unknown): boolean {
+  return pgErrorCode(err)?.startsWith('22') ?? false;
+}
+
 /** Lock waits past lock_timeout, deadlocks, serialization failures: the same request may succeed if retried. */
 export function isTransientConflict(err: unknown): boolean {
   const code = pgErrorCode(err);

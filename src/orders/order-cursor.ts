@@ -19,6 +19,8 @@ export function decodeCursor(raw: string): OrderCursor {
       value.length === 2 &&
       typeof value[0] === 'string' &&
       /^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(\.\d{1,6})?[+-]\d{2}(:\d{2})?$/.test(value[0]) &&
+      // The shape alone lets "2024-13-45 99:99:99" through to PostgreSQL; the date must exist too.
+      !Number.isNaN(Date.parse(value[0].replace(' ', 'T').replace(/([+-]\d{2})$/, '$1:00'))) &&
       typeof value[1] === 'string' &&
       isUUID(value[1])
     ) {
