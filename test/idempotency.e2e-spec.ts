@@ -201,6 +201,33 @@ describe('Idempotency-Key on POST /orders', () => {
     expect((await keyRows(key)).rows).toEqual([{ client_id: 'alice', state: 'completed', response_status: 201 }]);
   });
 
+  it('duplicates arriving at one process wait in memory, not on pooled connections blocked on the key', async () => {
+    // The first request is slow (a trigger sleeps 300 ms inside its insert), so the others arrive while it runs.
+    await t.db.query(`CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$`);
+    await t.db.query(`CREATE TRIGGER slow_insert BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = 'slow-storm') EXECUTE FUNCTION slow_insert()`);
+    try {
+      const key = randomUUID();
+      const waitedBefore = await metric('waited');
+      const first = post(key, order({ note: 'slow-storm' })).then((r) => r);
+      await until(async () => (await count(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%pg_sleep%' AND state = 'active'`)) > 0, 'the first request is inside its insert');
+      const duplicates = Promise.all(Array.from({ length: 30 }, () => post(key, order({ note: 'slow-storm' })).then((r) => r)));
+      let maxLockWaiters = 0;
+      let done = false;
+      void duplicates.finally(() => (done = true));
+      while (!done) {
+        maxLockWaiters = Math.max(maxLockWaiters, await count(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`));
+      }
+      const responses = [await first, ...(await duplicates)];
+      expect(maxLockWaiters).toBe(0);
+      expect(responses.map((r) => r.status)).toEqual(Array(31).fill(201));
+      expect(new Set(responses.map((r) => r.text)).size).toBe(1);
+      expect(await ordersWithNote('slow-storm')).toBe(1);
+      expect(await metric('waited')).toBe(waitedBefore + 30);
+    } finally {
+      await t.db.query('DROP TRIGGER slow_insert ON orders; DROP FUNCTION slow_insert()');
+    }
+  });
+
   it('parallel requests with one key and different bodies execute exactly one of them', async () => {
     const key = randomUUID();
     const responses = await Promise.all(Array.from({ length: 12 }, (_, i) => post(key, order({ note: `race-${i}` }))));

@@ -1,10 +1,12 @@
-import { type CallHandler, type ExecutionContext, HttpException, Injectable, Logger, type NestInterceptor } from '@nestjs/common';
+import { type CallHandler, type ExecutionContext, HttpException, Inject, Injectable, Logger, type NestInterceptor } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import type { Request, Response } from 'express';
 import { performance } from 'node:perf_hooks';
 import { from, lastValueFrom, type Observable } from 'rxjs';
 import { ProblemException, PROBLEM_CONTENT_TYPE } from '../common/problem.js';
 import { toProblem } from '../common/problem.filter.js';
+import type { AppConfig } from '../config/app-config.js';
+import { APP_CONFIG } from '../config/config.module.js';
 import { Database } from '../database/database.service.js';
 import { PG, pgErrorCode } from '../database/pg-errors.js';
 import { IDEMPOTENT, type IdempotentOptions } from './idempotent.decorator.js';
@@ -54,12 +56,20 @@ function pickHeaders(headers: Record<string, unknown>): Record<string, string> {
 @Injectable()
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
+  /**
+   * Requests in flight in THIS process, by client and key. A duplicate that arrives here waits for
+   * the first in memory rather than on a pooled connection blocked on the key's row lock: a storm
+   * of retries cannot drain the pool. Only a queue in front of the claim, which still decides
+   * (and is what makes duplicates on other instances wait).
+   */
+  private readonly inFlight = new Map<string, Promise<unknown>>();
 
   constructor(
     private readonly reflector: Reflector,
     private readonly keys: IdempotencyKeysService,
     private readonly db: Database,
     private readonly metrics: IdempotencyMetrics,
+    @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
@@ -81,12 +91,44 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   private async respond(scope: KeyScope, next: CallHandler, res: Response): Promise<unknown> {
+    const slot = `${scope.clientId}\n${scope.key}`;
+    const first = this.inFlight.get(slot);
+    const waited = first !== undefined;
+    if (first) await this.waitFor(first, scope);
+    const run = this.respondOnce(scope, next, res, waited);
+    if (!this.inFlight.has(slot)) {
+      this.inFlight.set(slot, run);
+      run.then(
+        () => this.inFlight.delete(slot),
+        () => this.inFlight.delete(slot),
+      );
+    }
+    return run;
+  }
+
+  /** Waits up to IDEMPOTENCY_WAIT_MS for the request in flight here; then 409 + Retry-After. */
+  private async waitFor(first: Promise<unknown>, scope: KeyScope): Promise<void> {
+    const started = performance.now();
+    let timer: NodeJS.Timeout | undefined;
+    const settled = await Promise.race([
+      first.then(
+        () => true,
+        () => true,
+      ),
+      new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), this.config.idempotencyWaitMs))),
+    ]);
+    clearTimeout(timer);
+    if (!settled) throw this.outstanding(scope, performance.now() - started);
+    this.metrics.wait.observe((performance.now() - started) / 1000);
+  }
+
+  private async respondOnce(scope: KeyScope, next: CallHandler, res: Response, waited: boolean): Promise<unknown> {
     // Fast path for retries: a completed, live key is replayed (or refused) with one read and no
     // transaction. Only an optimisation: whatever this read misses, the claim below decides.
     const known = await this.keys.findKey(scope.clientId, scope.key);
     const execution =
       known?.response && !known.expired
-        ? this.replay(scope, known, false)
+        ? this.replay(scope, known, waited)
         : await this.db.transaction(() => this.execute(scope, next, res));
     if (execution.kind === 'rethrow') throw execution.error;
     const { response, replayed, outcome } = execution;
