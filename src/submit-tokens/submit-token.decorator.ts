@@ -14,7 +14,8 @@ export function ApiSubmitToken() {
         'Instead of Idempotency-Key (send exactly one of the two): a token from POST /submit-tokens. It is consumed in the ' +
         'transaction that creates the order, so it creates at most one: a reuse is a 409 naming that order. Unknown, expired ' +
         "or another client's → 422. A request that fails (400, a 409 on the order number, 5xx) consumes nothing.",
-      schema: { type: 'string', pattern: '^[A-Za-z0-9_-]{43}$', example: 'mJ0x9V2a0Zb3hN3o5tWkQ1cR8yL6pE4sD7fG2jK9uXw' },
+      // No example: Swagger UI's Try it out pre-fills examples, and sending both headers is a 400.
+      schema: { type: 'string', pattern: '^[A-Za-z0-9_-]{43}$' },
     }),
     ApiProblems(
       { status: 400, description: 'Both Idempotency-Key and Submit-Token were sent: send exactly one.', example: submitTokenWithIdempotencyKey().problem },
