@@ -48,8 +48,4 @@ export class Database {
       client.release(!reusable);
     }
   }
-
-  get inTransaction(): boolean {
-    return this.current.getStore() !== undefined;
-  }
 }
