@@ -64,7 +64,13 @@ export class AppModule {
           },
         }),
         // lock_timeout 0 would mean "wait forever": a zero wait is the shortest one PostgreSQL can do.
-        TypeOrmModule.forRoot(typeormOptions(databaseUrl, { lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1) })),
+        TypeOrmModule.forRoot(
+          typeormOptions(databaseUrl, {
+            lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1),
+            poolSize: config.databasePoolSize,
+            poolWaitMs: config.databasePoolWaitMs,
+          }),
+        ),
         DatabaseModule,
         ScheduleModule.forRoot(),
         MetricsModule,

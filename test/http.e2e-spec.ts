@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { Client } from 'pg';
 import request from 'supertest';
 import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
 
@@ -423,5 +424,43 @@ describe('HTTP contract', () => {
       }
       expect(doc.paths['/orders/{id}'].get.parameters).toContainEqual(expect.objectContaining({ name: 'id', in: 'path' }));
     });
+  });
+});
+
+describe('a busy connection pool', () => {
+  let t: TestApp;
+  beforeAll(async () => {
+    t = await startTestApp({ DATABASE_POOL_SIZE: '2', DATABASE_POOL_WAIT_MS: '300' });
+  });
+  afterAll(async () => {
+    await t?.close();
+  });
+
+  it('answers 503 with Retry-After when no connection frees up in DATABASE_POOL_WAIT_MS, and recovers', async () => {
+    // Another transaction holds order number BLOCK, so two creates of it wait inside theirs, holding both connections.
+    const holder = new Client({ connectionString: t.databaseUrl });
+    await holder.connect();
+    try {
+      await holder.query('BEGIN');
+      await holder.query(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ('alice', 'BLOCK', 'EUR', 1)`);
+      const blocked = Promise.all(
+        [1, 2].map(() =>
+          request(t.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send(order({ orderNumber: 'BLOCK' })).then((r) => r),
+        ),
+      );
+      const deadline = Date.now() + 5_000;
+      while ((await t.db.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)).rows[0].n < 2) {
+        if (Date.now() > deadline) throw new Error('the two creates never blocked');
+      }
+      const busy = await request(t.url).get('/orders').set('Authorization', bearer(ALICE));
+      expectProblem(busy, 503);
+      expect(busy.headers['retry-after']).toBe('1');
+      await holder.query('ROLLBACK');
+      const statuses = (await blocked).map((r) => r.status).sort();
+      expect(statuses).toEqual([200, 201]);
+    } finally {
+      await holder.end();
+    }
+    expect((await request(t.url).get('/orders').set('Authorization', bearer(ALICE))).status).toBe(200);
   });
 });

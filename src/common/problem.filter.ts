@@ -1,5 +1,6 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
 import type { Request, Response } from 'express';
+import { PoolExhaustedError } from '../database/database.service.js';
 import { isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
@@ -19,6 +20,12 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
   if (isUniqueViolation(exception)) {
     // Services catch the violations they expect; one that escapes is still a duplicate, not a server fault.
     return { problem: ProblemException.of(409, 'duplicate', 'Duplicate', 'The request conflicts with an existing resource.').problem, headers: {} };
+  }
+  if (exception instanceof PoolExhaustedError) {
+    return {
+      problem: ProblemException.of(503, 'overloaded', 'Service overloaded', 'Every database connection is busy; retry shortly.').problem,
+      headers: { 'Retry-After': String(CONFLICT_RETRY_AFTER_SECONDS) },
+    };
   }
   if (isDataException(exception)) {
     return { problem: ProblemException.of(400, 'invalid-value', 'Invalid value', 'A value in the request cannot be stored or compared.').problem, headers: {} };

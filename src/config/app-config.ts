@@ -19,6 +19,8 @@ export interface AppConfig {
   idempotencyTtlSeconds: number;
   idempotencyWaitMs: number;
   idempotencyLeaseSeconds: number;
+  databasePoolSize: number;
+  databasePoolWaitMs: number;
   submitTokenTtlSeconds: number;
   pspBaseUrl?: string;
   pspTimeoutMs: number;
@@ -128,6 +130,10 @@ export function loadConfig(env: Env = process.env): AppConfig {
     // A duplicate waits this long for the first request to finish before it gets 409 + Retry-After.
     idempotencyWaitMs: integer(env, 'IDEMPOTENCY_WAIT_MS', 5_000, 0, 60_000),
     idempotencyLeaseSeconds: integer(env, 'IDEMPOTENCY_LEASE_SECONDS', 60, 1, 3_600),
+    // 20 connections keep two cores busy; more only queue inside PostgreSQL instead of here.
+    databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 20, 2, 500),
+    // A request that cannot get a connection this fast is told to come back (503) instead of queueing without end.
+    databasePoolWaitMs: integer(env, 'DATABASE_POOL_WAIT_MS', 5_000, 1, 60_000),
     submitTokenTtlSeconds: integer(env, 'SUBMIT_TOKEN_TTL_SECONDS', 600, 1, 86_400),
     pspBaseUrl: url(env, 'PSP_BASE_URL', ['http:', 'https:']),
     pspTimeoutMs: integer(env, 'PSP_TIMEOUT_MS', 2_000, 1, 60_000),

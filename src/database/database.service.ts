@@ -14,6 +14,14 @@ import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
  * (@nestjs-cls/transactional would carry the transaction too, but it is CommonJS that
  * require()s the ESM-only Nest 12, which Jest cannot load on Node 20.)
  */
+/** Every pooled connection stayed busy for DATABASE_POOL_WAIT_MS: the service is overloaded, retry shortly. */
+export class PoolExhaustedError extends Error {
+  constructor(options?: ErrorOptions) {
+    super('No database connection became free in time', options);
+    this.name = 'PoolExhaustedError';
+  }
+}
+
 @Injectable()
 export class Database {
   private readonly current = new AsyncLocalStorage<PoolClient>();
@@ -26,14 +34,31 @@ export class Database {
 
   /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
   async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
-    const result = await (this.current.getStore() ?? this.pool).query(sql, params);
-    return result.rows as T[];
+    const open = this.current.getStore();
+    if (open) return (await open.query(sql, params)).rows as T[];
+    const client = await this.connect();
+    try {
+      return (await client.query(sql, params)).rows as T[];
+    } finally {
+      client.release();
+    }
+  }
+
+  /** A pooled connection, or PoolExhaustedError once DATABASE_POOL_WAIT_MS has passed without one. */
+  private async connect(): Promise<PoolClient> {
+    try {
+      return await this.pool.connect();
+    } catch (err) {
+      // pg-pool's words for its connectionTimeoutMillis; anything else is a real connection failure.
+      if (err instanceof Error && err.message === 'timeout exceeded when trying to connect') throw new PoolExhaustedError({ cause: err });
+      throw err;
+    }
   }
 
   /** Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves, rolls back when it throws. */
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
-    const client = await this.pool.connect();
+    const client = await this.connect();
     let reusable = true;
     try {
       await client.query('BEGIN');

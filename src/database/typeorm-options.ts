@@ -12,6 +12,8 @@ export interface DatabaseTuning {
   /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */
   lockTimeoutMs: number;
   poolSize?: number;
+  /** How long a request waits for a free connection before failing with PoolExhaustedError. */
+  poolWaitMs?: number;
 }
 
 /** One options object for the service, the tests and the migration CLI. */
@@ -28,6 +30,7 @@ export function typeormOptions(url: string, tuning: DatabaseTuning): DataSourceO
     uuidExtension: 'pgcrypto',
     extra: {
       max: tuning.poolSize ?? 20,
+      connectionTimeoutMillis: tuning.poolWaitMs ?? 0,
       // A request stuck behind a lock longer than a client would wait is better told to retry (409).
       options: `-c lock_timeout=${tuning.lockTimeoutMs} -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000`,
       application_name: 'idempotent-orders',
