@@ -4,8 +4,8 @@ import { PoolExhaustedError } from '../database/database.service.js';
 import { isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
-/** Seconds a client should wait before retrying after a lock or deadlock conflict: long enough for the other request to commit. */
-const CONFLICT_RETRY_AFTER_SECONDS = 1;
+/** Seconds to wait before retrying after a lock conflict or a full pool: long enough for most requests in the way to finish. */
+const RETRY_AFTER_SECONDS = 1;
 
 /** Turns anything thrown into a problem and its headers. Shared by the filter and the idempotency layer, so a stored response is byte-identical to the one first sent. */
 export function toProblem(exception: unknown): { problem: Problem; headers: Record<string, string> } {
@@ -24,7 +24,7 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
   if (exception instanceof PoolExhaustedError) {
     return {
       problem: ProblemException.of(503, 'overloaded', 'Service overloaded', 'Every database connection is busy; retry shortly.').problem,
-      headers: { 'Retry-After': String(CONFLICT_RETRY_AFTER_SECONDS) },
+      headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
     };
   }
   if (isDataException(exception)) {
@@ -33,7 +33,7 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
   if (isTransientConflict(exception)) {
     return {
       problem: ProblemException.of(409, 'concurrent-request', 'A concurrent request holds this resource', 'Another request is changing this resource right now; retry shortly.').problem,
-      headers: { 'Retry-After': String(CONFLICT_RETRY_AFTER_SECONDS) },
+      headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
     };
   }
   return { problem: plainProblem(500, 'An unexpected error occurred. It was logged with the request id given in X-Request-Id.'), headers: {} };

@@ -30,15 +30,13 @@ import { ListOrdersQuery } from './dto/list-orders.query.js';
 import { OrderEventView } from './dto/order-event.view.js';
 import { OrderPage, OrderView } from './dto/order.view.js';
 import { UpdateOrderDto } from './dto/update-order.dto.js';
-import { parseIfMatch } from './if-match.js';
+import { parseIfMatch, versionEtag } from './if-match.js';
 import { allowedFrom, nextStatuses } from './order-state-machine.js';
 import type { OrderStatus } from './order-status.js';
 import { type ClientTransition, OrdersService } from './orders.service.js';
 
 const ETAG_HEADER = { ETag: { description: 'The order version, for If-Match: "<version>"', schema: { type: 'string' } } };
 
-/** A weak-comparison-safe strong ETag: the version is the whole state identity of an order. */
-export const etagOf = (order: OrderView) => `"${order.version}"`;
 
 const IF_MATCH = {
   name: 'If-Match',
@@ -147,7 +145,7 @@ export class OrdersController {
       submitToken === undefined
         ? await this.orders.createOrder(clientId, dto)
         : await this.submitTokens.consumeSubmitToken(clientId, submitToken, () => this.orders.createOrder(clientId, dto));
-    res.status(created ? HttpStatus.CREATED : HttpStatus.OK).location(`/orders/${order.id}`).setHeader('ETag', etagOf(order));
+    res.status(created ? HttpStatus.CREATED : HttpStatus.OK).location(`/orders/${order.id}`).setHeader('ETag', versionEtag(order.version));
     return order;
   }
 
@@ -165,7 +163,7 @@ export class OrdersController {
   @ApiProblems(ORDER_NOT_FOUND)
   async getOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     const order = await this.orders.findOrder(clientId, id);
-    res.setHeader('ETag', etagOf(order));
+    res.setHeader('ETag', versionEtag(order.version));
     return order;
   }
 
@@ -193,7 +191,7 @@ export class OrdersController {
 
   private async transitionOrder(clientId: string, id: string, target: ClientTransition, res: Response): Promise<OrderView> {
     const { order } = await this.orders.transitionOrder(clientId, id, target);
-    res.setHeader('ETag', etagOf(order));
+    res.setHeader('ETag', versionEtag(order.version));
     return order;
   }
 
@@ -243,7 +241,7 @@ export class OrdersController {
     @Res({ passthrough: true }) res: Response,
   ): Promise<OrderView> {
     const order = await this.orders.updateOrderDetails(clientId, id, parseIfMatch(ifMatch), dto);
-    res.setHeader('ETag', etagOf(order));
+    res.setHeader('ETag', versionEtag(order.version));
     return order;
   }
 }

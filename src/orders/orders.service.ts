@@ -223,7 +223,7 @@ export class OrdersService {
     const [row] = isUUID(id)
       ? await this.db.query<OrderRow>(`SELECT ${ORDER_COLUMNS} FROM orders o WHERE o.id = $1 AND o.client_id = $2`, [id, clientId])
       : [];
-    if (!row) throw ProblemException.of(404, 'order-not-found', 'Order not found', `There is no order ${id}.`);
+    if (!row) throw orderNotFound(id);
     return toView(row);
   }
 
