@@ -26,6 +26,7 @@ export interface AppConfig {
   pspTimeoutMs: number;
   pspWebhookSecret: string;
   pspWebhookUrl?: string;
+  reconcileIntervalMs: number;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
@@ -139,6 +140,7 @@ export function loadConfig(env: Env = process.env): AppConfig {
     pspTimeoutMs: integer(env, 'PSP_TIMEOUT_MS', 2_000, 1, 60_000),
     pspWebhookSecret,
     pspWebhookUrl: url(env, 'PSP_WEBHOOK_URL', ['http:', 'https:']),
+    reconcileIntervalMs: integer(env, 'RECONCILE_INTERVAL_MS', 30_000, 0, 3_600_000),
     logLevel: logLevel as AppConfig['logLevel'],
   };
 }

@@ -3,10 +3,12 @@ import { IdempotencyKey } from '../idempotency/idempotency-key.entity.js';
 import { Order } from '../orders/order.entity.js';
 import { OrderEvent } from '../orders/order-event.entity.js';
 import { OrderItem } from '../orders/order-item.entity.js';
+import { Payment } from '../payments/payment.entity.js';
+import { Refund } from '../payments/refund.entity.js';
 import { SubmitToken } from '../submit-tokens/submit-token.entity.js';
 import { migrations } from '../../migrations/index.js';
 
-export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken];
+export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund];
 
 export interface DatabaseTuning {
   /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */

@@ -12,6 +12,7 @@ export type IdempotencyKeyState = 'in_progress' | 'completed';
 @Entity('idempotency_keys')
 @Unique('uq_idempotency_keys_client_key', ['clientId', 'key'])
 @Index('ix_idempotency_keys_expires_at', ['expiresAt'])
+@Index('ix_idempotency_keys_unfinished_lease', ['lockedUntil'], { where: `"state" = 'in_progress'` })
 @Check('ck_idempotency_keys_state', `"state" IN ('in_progress', 'completed')`)
 @Check('ck_idempotency_keys_key_length', `char_length("key") BETWEEN 1 AND 255`)
 @Check(
@@ -46,6 +47,10 @@ export class IdempotencyKey {
 
   @Column({ name: 'locked_until', type: 'timestamptz', nullable: true })
   lockedUntil: Date | null;
+
+  /** Who holds the lease of a phased key: every write of a holder is fenced by it (see AtomicPhases). */
+  @Column({ name: 'lease_token', type: 'uuid', nullable: true })
+  leaseToken: string | null;
 
   @Column({ name: 'response_status', type: 'integer', nullable: true })
   responseStatus: number | null;

@@ -1,5 +1,6 @@
 import { Module } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
+import { AtomicPhases } from './atomic-phases.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 import { IdempotencyKeyReaper } from './idempotency-key-reaper.js';
 import { IdempotencyKeysService } from './idempotency-keys.service.js';
@@ -10,9 +11,10 @@ import { IdempotencyMetrics } from './idempotency-metrics.js';
     IdempotencyKeysService,
     IdempotencyMetrics,
     IdempotencyKeyReaper,
+    AtomicPhases,
     // Global, and inert on routes without @Idempotent().
     { provide: APP_INTERCEPTOR, useClass: IdempotencyInterceptor },
   ],
-  exports: [IdempotencyKeysService, IdempotencyMetrics],
+  exports: [IdempotencyKeysService, IdempotencyMetrics, AtomicPhases],
 })
 export class IdempotencyModule {}

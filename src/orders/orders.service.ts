@@ -8,6 +8,7 @@ import { DEFAULT_PAGE_SIZE, type ListOrdersQuery } from './dto/list-orders.query
 import type { OrderPage, OrderView } from './dto/order.view.js';
 import type { OrderEventView } from './dto/order-event.view.js';
 import type { UpdateOrderDto } from './dto/update-order.dto.js';
+import { paymentInProgress } from '../payments/payment-problems.js';
 import { versionEtag } from './if-match.js';
 import { decodeCursor, encodeCursor } from './order-cursor.js';
 import { allowedFrom, nextStatuses } from './order-state-machine.js';
@@ -165,7 +166,7 @@ const LIST_ORDER_EVENTS = `
    ORDER BY e.created_at, e.id`;
 
 /** The same answer as findOrder's for another client's order or an id that cannot exist. */
-function orderNotFound(id: string): ProblemException {
+export function orderNotFound(id: string): ProblemException {
   return ProblemException.of(404, 'order-not-found', 'Order not found', `There is no order ${id}.`);
 }
 
@@ -267,10 +268,11 @@ export class OrdersService {
    * of concurrent requests exactly one moves it. Asking again for the status the order is
    * already in succeeds and writes nothing.
    */
-  async transitionOrder(clientId: string, id: string, target: ClientTransition): Promise<TransitionResult> {
+  async transitionOrder(clientId: string, id: string, target: OrderStatus): Promise<TransitionResult> {
     if (!isUUID(id)) throw orderNotFound(id);
     const from = allowedFrom(target);
     return this.db.transaction(async () => {
+      if (target === 'cancelled') await this.refuseWhilePaymentPending(clientId, id);
       for (let attempt = 0; ; attempt++) {
         const [row] = await this.db.query<OrderRow>(TRANSITION_ORDER, [id, clientId, target, from]);
         if (row) return { order: toView(row), changed: true };
@@ -282,6 +284,17 @@ export class OrdersService {
         throw invalidTransition(current, target);
       }
     });
+  }
+
+  /**
+   * A created order whose payment is still being decided cannot be cancelled: the charge may yet
+   * succeed. The order's row lock comes first (a payer takes it too), and the check is a new
+   * statement after it, so it sees a payment committed while this request waited for the lock.
+   */
+  private async refuseWhilePaymentPending(clientId: string, id: string): Promise<void> {
+    await this.db.query(`SELECT 1 FROM orders WHERE id = $1 AND client_id = $2 FOR UPDATE`, [id, clientId]);
+    const [pending] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status = 'pending'`, [id]);
+    if (pending) throw paymentInProgress(pending.id);
   }
 
   /**

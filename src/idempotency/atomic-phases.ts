@@ -1,0 +1,292 @@
+import { Inject, Injectable, Logger } from '@nestjs/common';
+import type { Request } from 'express';
+import { ProblemException } from '../common/problem.js';
+import type { AppConfig } from '../config/app-config.js';
+import { APP_CONFIG } from '../config/config.module.js';
+import { Database } from '../database/database.service.js';
+import { PG, pgErrorCode } from '../database/pg-errors.js';
+import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
+import { parseIdempotencyKey } from './idempotency-key-header.js';
+import type { KeyScope, StoredResponse } from './idempotency-keys.service.js';
+import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
+
+/**
+ * A phased key's lease, as its holder knows it. Every later write of the holder names
+ * `leaseToken`: once the lease has run out and someone else took the key over, those writes match
+ * no row, so a slow holder can never settle or answer on top of the one that replaced it.
+ */
+export interface LeasedKey {
+  id: string;
+  leaseToken: string;
+  recoveryPoint: string;
+  /** Epoch ms by which this holder must have stopped calling out (the lease end minus a margin). */
+  deadline: number;
+}
+
+export type Acquired =
+  /** The key was finished earlier: replay its answer. */
+  | { kind: 'completed'; response: StoredResponse }
+  /** New: this request owns the key; its phase 1 runs in the same (still open) transaction. */
+  | { kind: 'claimed'; key: LeasedKey }
+  /** Unfinished and its lease had run out: this request took it over and resumes at `key.recoveryPoint`. */
+  | { kind: 'resumed'; key: LeasedKey };
+
+/** Where a new phased key starts. It is never committed at this point: phase 1 ends at another recovery point or an answer. */
+export const STARTED = 'started';
+
+/**
+ * Stop calling out this long before the lease ends: a retry or the reconciler may take the key over
+ * the moment it ends, and the holder's last write (phase 3) must land before that. 2 s is what
+ * config validation reserves in the lease beyond the outbound client's attempts.
+ */
+export const LEASE_MARGIN_MS = 2_000;
+
+const KEY_COLUMNS = `id, fingerprint, state, recovery_point, lease_token,
+  locked_until > now() AS leased, ceil(extract(epoch FROM locked_until - now())) AS lease_seconds_left,
+  expires_at <= now() AS expired, response_status, response_headers, response_body`;
+
+interface PhasedKeyRow {
+  id: string;
+  fingerprint: string;
+  state: 'in_progress' | 'completed';
+  recovery_point: string;
+  lease_token: string | null;
+  leased: boolean | null;
+  lease_seconds_left: string | null;
+  expired: boolean;
+  response_status: number | null;
+  response_headers: Record<string, string> | null;
+  response_body: string | null;
+}
+
+/**
+ * A new phased key carries its lease from the start. It never expires while unfinished
+ * ('infinity'): the reaper must not delete a key whose payment may still be charged; it expires
+ * IDEMPOTENCY_TTL_SECONDS after it completes.
+ */
+const CLAIM_PHASED_KEY = `
+  INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at, lease_token, locked_until)
+  VALUES ($1, $2, $3, $4, $5, 'infinity', gen_random_uuid(), now() + make_interval(secs => $6))
+  ON CONFLICT ON CONSTRAINT uq_idempotency_keys_client_key DO NOTHING
+  RETURNING id, lease_token, recovery_point`;
+
+/**
+ * Takes over an unfinished key whose lease has run out: the one conditional UPDATE a retry and the
+ * reconciler both use, so only one of them can hold the key at a time.
+ */
+const TAKE_OVER_LEASE = `
+  UPDATE idempotency_keys
+     SET lease_token = gen_random_uuid(), locked_until = now() + make_interval(secs => $2)
+   WHERE id = $1 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= now())
+  RETURNING id, lease_token, recovery_point`;
+
+const toResponse = (row: PhasedKeyRow): StoredResponse => ({
+  status: row.response_status!,
+  headers: row.response_headers ?? {},
+  body: row.response_body!,
+});
+
+/**
+ * brandur's atomic phases ("Implementing Stripe-like Idempotency Keys in Postgres") for handlers
+ * with an external side effect, which cannot run inside one transaction with the key:
+ *
+ *   phase 1 (one transaction): claim the key with a lease, write what is needed to call out, set a recovery point;
+ *   phase 2 (no transaction):  call the provider with a key derived from what phase 1 stored;
+ *   phase 3 (one transaction): record the outcome and complete the key with the answer.
+ *
+ * A crash between phases leaves the key unfinished under its lease; when the lease runs out, a
+ * retry with the same key (or the reconciler) takes it over and resumes at the recovery point.
+ * A duplicate during the lease gets 409 + Retry-After. Everything written by a holder is fenced by
+ * its lease token. The interceptor serves the single-transaction handlers; this serves the phased ones.
+ */
+@Injectable()
+export class AtomicPhases {
+  private readonly logger = new Logger('Idempotency');
+
+  constructor(
+    private readonly db: Database,
+    private readonly metrics: IdempotencyMetrics,
+    @Inject(APP_CONFIG) private readonly config: AppConfig,
+  ) {}
+
+  /** The request's key, scoped to its client and bound to its fingerprint; a missing key is a 400 (nothing runs). */
+  scopeOf(req: Request): KeyScope {
+    const clientId = req.clientId!;
+    const raw = req.headers['idempotency-key'];
+    if (raw === undefined) {
+      this.note('missing', { clientId, key: '' });
+      throw ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'This operation requires an Idempotency-Key header.');
+    }
+    const key = parseIdempotencyKey(raw);
+    const path = normalisePath(req.originalUrl.split('?')[0]);
+    return { clientId, key, method: req.method, path, fingerprint: fingerprintRequest(req.method, path, req.body) };
+  }
+
+  /**
+   * Claims, resumes or answers the key. Must run inside a transaction: when it returns `claimed`, the
+   * caller's phase 1 writes join that transaction and commit with the claim (or roll it back with
+   * them, leaving the key free).
+   */
+  async acquire(scope: KeyScope): Promise<Acquired> {
+    const lease = this.config.idempotencyLeaseSeconds;
+    for (let round = 0; round < 3; round++) {
+      const [claimed] = await this.lockTimeoutIsConflict(scope, () =>
+        this.db.query<{ id: string; lease_token: string; recovery_point: string }>(CLAIM_PHASED_KEY, [
+          scope.clientId,
+          scope.key,
+          scope.fingerprint,
+          scope.method,
+          scope.path,
+          lease,
+        ]),
+      );
+      if (claimed) {
+        this.note('executed', scope);
+        return { kind: 'claimed', key: this.leased(claimed) };
+      }
+      // The row exists (and is committed: the INSERT waited for its transaction). Lock it, so that
+      // a take-over below and a settler elsewhere cannot interleave.
+      const [row] = await this.lockTimeoutIsConflict(scope, () =>
+        this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, [scope.clientId, scope.key]),
+      );
+      if (!row) continue; // reaped meanwhile: claim it afresh
+      if (row.fingerprint !== scope.fingerprint) {
+        this.note('mismatch', scope);
+        throw keyReused();
+      }
+      if (row.state === 'completed') {
+        if (!row.expired) {
+          this.note('replayed', scope);
+          return { kind: 'completed', response: toResponse(row) };
+        }
+        // An expired key counts as absent. A new row (new id), so whatever the old one settled keeps its link to nothing.
+        await this.db.query(`DELETE FROM idempotency_keys WHERE id = $1`, [row.id]);
+        continue;
+      }
+      if (row.leased) {
+        this.note('conflict', scope);
+        throw keyInUse(Math.max(1, Number(row.lease_seconds_left ?? 1)));
+      }
+      const [taken] = await this.db.query<{ id: string; lease_token: string; recovery_point: string }>(TAKE_OVER_LEASE, [row.id, lease]);
+      if (taken) {
+        this.note('executed', scope);
+        this.logger.log({ outcome: 'resumed', clientId: scope.clientId, idempotencyKey: scope.key, recoveryPoint: taken.recovery_point }, 'idempotency resumed');
+        return { kind: 'resumed', key: this.leased(taken) };
+      }
+    }
+    this.note('conflict', scope);
+    throw keyInUse(1);
+  }
+
+  /**
+   * Takes the lease of an unfinished key whose lease has run out, for the reconciler. Its own
+   * statement (SKIP LOCKED): a key a request is taking over right now is simply not reconciled this round.
+   */
+  async takeOverExpiredLeases(recoveryPoints: string[], limit: number): Promise<LeasedKey[]> {
+    const rows = await this.db.query<{ id: string; lease_token: string; recovery_point: string }>(
+      `UPDATE idempotency_keys
+          SET lease_token = gen_random_uuid(), locked_until = now() + make_interval(secs => $3)
+        WHERE id IN (SELECT id FROM idempotency_keys
+                      WHERE state = 'in_progress' AND locked_until <= now() AND recovery_point = ANY($1::text[])
+                      ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED)
+       RETURNING id, lease_token, recovery_point`,
+      [recoveryPoints, limit, this.config.idempotencyLeaseSeconds],
+    );
+    return rows.map((r) => this.leased(r));
+  }
+
+  /** Ends a phase at a recovery point. In the phase's transaction; false when the lease is no longer this holder's. */
+  async setRecoveryPoint(key: LeasedKey, recoveryPoint: string): Promise<boolean> {
+    const rows = await this.db.query(
+      `UPDATE idempotency_keys SET recovery_point = $3 WHERE id = $1 AND lease_token = $2 AND state = 'in_progress' RETURNING id`,
+      [key.id, key.leaseToken, recoveryPoint],
+    );
+    key.recoveryPoint = recoveryPoint;
+    return rows.length === 1;
+  }
+
+  /**
+   * Locks the key row for a settling transaction: the first lock every settler takes (then order,
+   * payment, refund), so settlers never deadlock. With `leaseToken`, answers whether this holder
+   * still owns the key; without one (a webhook), whether the key is still unfinished.
+   */
+  async lockForSettling(keyId: string, leaseToken?: string): Promise<{ owned: true } | { owned: false; response: StoredResponse | null }> {
+    const [row] = await this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE id = $1 FOR UPDATE`, [keyId]);
+    if (!row) return { owned: false, response: null };
+    if (row.state === 'completed') return { owned: false, response: toResponse(row) };
+    if (leaseToken !== undefined && row.lease_token !== leaseToken) return { owned: false, response: null };
+    return { owned: true };
+  }
+
+  /**
+   * Completes the key with the answer the request gets (and every retry after it), in the
+   * transaction that settled the outcome. From then on the key expires after IDEMPOTENCY_TTL_SECONDS.
+   */
+  async complete(keyId: string, response: StoredResponse): Promise<void> {
+    await this.db.query(
+      `UPDATE idempotency_keys
+          SET state = 'completed', recovery_point = 'finished', response_status = $2, response_headers = $3,
+              response_body = $4, completed_at = now(), expires_at = now() + make_interval(secs => $5),
+              locked_until = NULL, lease_token = NULL
+        WHERE id = $1 AND state = 'in_progress'`,
+      [keyId, response.status, response.headers, response.body, this.config.idempotencyTtlSeconds],
+    );
+  }
+
+  /**
+   * Gives the lease back without an answer (the outcome is unknown): a retry with the same key, or
+   * the reconciler, may resume at once instead of waiting out the lease. Fenced: a holder that has
+   * lost the key releases nothing.
+   */
+  async release(key: LeasedKey): Promise<void> {
+    await this.db.query(
+      `UPDATE idempotency_keys SET locked_until = now(), lease_token = NULL WHERE id = $1 AND lease_token = $2 AND state = 'in_progress'`,
+      [key.id, key.leaseToken],
+    );
+  }
+
+  private leased(row: { id: string; lease_token: string; recovery_point: string }): LeasedKey {
+    return {
+      id: row.id,
+      leaseToken: row.lease_token,
+      recoveryPoint: row.recovery_point,
+      deadline: Date.now() + this.config.idempotencyLeaseSeconds * 1000 - LEASE_MARGIN_MS,
+    };
+  }
+
+  /** A key row held by another transaction past lock_timeout: the same answer as a live lease. */
+  private async lockTimeoutIsConflict<T>(scope: KeyScope, query: () => Promise<T>): Promise<T> {
+    try {
+      return await query();
+    } catch (err) {
+      if (pgErrorCode(err) !== PG.lockNotAvailable) throw err;
+      this.note('conflict', scope);
+      throw keyInUse(1);
+    }
+  }
+
+  private note(outcome: IdempotencyOutcome, scope: Pick<KeyScope, 'clientId' | 'key'>): void {
+    this.metrics.requests.inc({ outcome });
+    this.logger.log({ outcome, clientId: scope.clientId, idempotencyKey: scope.key || undefined }, `idempotency ${outcome}`);
+  }
+}
+
+export function keyReused(): ProblemException {
+  return ProblemException.of(
+    422,
+    'idempotency-key-reused',
+    'Idempotency-Key is already used',
+    'This key was first used for a different request (body, method or endpoint). Nothing was executed; use a new key for a new request.',
+  );
+}
+
+function keyInUse(retryAfterSeconds: number): ProblemException {
+  return ProblemException.of(
+    409,
+    'idempotency-key-in-use',
+    'A request is outstanding for this Idempotency-Key',
+    `A request with this key is still being processed. Retry after ${retryAfterSeconds} s: if it has not finished by then, the retry resumes it.`,
+    {},
+    { 'Retry-After': String(retryAfterSeconds) },
+  );
+}

@@ -1,0 +1,185 @@
+import { Injectable } from '@nestjs/common';
+import { isUUID } from 'class-validator';
+import type { ProblemException } from '../common/problem.js';
+import { Database } from '../database/database.service.js';
+import { isUniqueViolation } from '../database/pg-errors.js';
+import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
+import type { KeyScope, StoredResponse } from '../idempotency/idempotency-keys.service.js';
+import { problemResponse } from '../idempotency/stored-response.js';
+import { orderNotFound } from '../orders/orders.service.js';
+import type { OrderStatus } from '../orders/order-status.js';
+import { type PspCallResult, type PspCharge, PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
+import type { PaymentView } from './dto/payment.view.js';
+import { nothingToPay, orderNotPayable, paymentInProgress, paymentNotFound, paymentPending, providerUnavailable } from './payment-problems.js';
+import { outboundKeyOf, type PaymentRow, toPaymentView } from './payment-records.js';
+import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
+
+/** Recovery point of a payment key: the pending payment and its outbound key are committed; the provider is next. */
+export const PAYMENT_CREATED = 'payment_created';
+
+/** What an idempotent payment endpoint answers: a stored response, sent as it is. */
+export interface KeyAnswer {
+  response: StoredResponse;
+  replayed: boolean;
+}
+
+/** Phase 1's result: a stored business answer, or the pending payment to charge. */
+type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; paymentId: string; resumed: boolean };
+
+/** A provider's answer about a charge, as the settlement records it; undefined when the outcome is not known. */
+export function chargeOutcome(result: PspCallResult<PspCharge>): ProviderOutcome | undefined {
+  switch (result.kind) {
+    case 'succeeded':
+      return { status: 'succeeded', providerId: result.value.id };
+    case 'declined':
+      return { status: 'failed', failureCode: result.value.failureCode ?? 'card_declined', providerId: result.value.id };
+    case 'refused':
+      // The provider refused the request itself (an unknown source): nothing was charged, and asking again cannot change that.
+      return { status: 'failed', failureCode: result.status === 400 ? 'invalid_source' : 'provider_refused' };
+    default:
+      return undefined;
+  }
+}
+
+/** A charge found by a lookup, as the settlement records it. */
+export function foundChargeOutcome(charges: PspCharge[]): ProviderOutcome | undefined {
+  const charge = charges.find((c) => c.status === 'succeeded') ?? charges[0];
+  if (!charge) return undefined;
+  return charge.status === 'succeeded' ? { status: 'succeeded', providerId: charge.id } : { status: 'failed', failureCode: charge.failureCode ?? 'card_declined', providerId: charge.id };
+}
+
+/**
+ * POST /orders/:id/payments as atomic phases (DESIGN §3.3): the charge cannot join our
+ * transaction, and a timeout does not say whether the card was charged — so an unknown outcome
+ * is never final: the payment stays pending, and the same key (or the reconciler) asks again
+ * with the same outbound key, which the provider dedupes.
+ */
+@Injectable()
+export class PaymentsService {
+  constructor(
+    private readonly db: Database,
+    private readonly phases: AtomicPhases,
+    private readonly psp: PspClient,
+    private readonly settlement: PaymentSettlement,
+  ) {}
+
+  async payOrder(scope: KeyScope, orderId: string, source: string): Promise<KeyAnswer> {
+    const phase1 = await this.db.transaction(async (): Promise<Phase1> => {
+      const acquired = await this.phases.acquire(scope);
+      if (acquired.kind === 'completed') return { answer: { response: acquired.response, replayed: true } };
+      if (acquired.kind === 'resumed') return { key: acquired.key, paymentId: await this.paymentOfKey(acquired.key.id), resumed: true };
+      // Before anything is written: with the provider known to be down, fail now and leave the key free.
+      const breaker = this.psp.chargeBreakerOpen();
+      if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
+      const created = await this.createPendingPayment(scope.clientId, orderId, source, acquired.key.id);
+      if ('refusal' in created) {
+        const response = problemResponse(created.refusal);
+        await this.phases.complete(acquired.key.id, response);
+        return { answer: { response, replayed: false } };
+      }
+      await this.phases.setRecoveryPoint(acquired.key, PAYMENT_CREATED);
+      return { key: acquired.key, paymentId: created.payment.id, resumed: false };
+    });
+    if ('answer' in phase1) return phase1.answer;
+    return { response: await this.chargeAndSettle(phase1.key, phase1.paymentId, phase1.resumed), replayed: false };
+  }
+
+  /**
+   * Phase 1, in the claim's transaction: the order locked (FOR UPDATE, the first lock after the key),
+   * checked, and the payment inserted pending with its outbound key. A stored refusal (404, 409)
+   * is returned; a temporary one (another payment in progress) is thrown, so the key is released.
+   */
+  private async createPendingPayment(clientId: string, orderId: string, source: string, keyId: string): Promise<{ payment: PaymentRow } | { refusal: ProblemException }> {
+    const [order] = isUUID(orderId)
+      ? await this.db.query<{ status: OrderStatus; total_minor: string; currency: string }>(
+          `SELECT status, total_minor, currency FROM orders WHERE id = $1 AND client_id = $2 FOR UPDATE`,
+          [orderId, clientId],
+        )
+      : [];
+    if (!order) return { refusal: orderNotFound(orderId) };
+    if (order.status !== 'created') return { refusal: orderNotPayable(orderId, order.status) };
+    if (Number(order.total_minor) === 0) return { refusal: nothingToPay(orderId) };
+    // Under the order's lock, so this read cannot race another payer of the same order.
+    const [pending] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status = 'pending'`, [orderId]);
+    if (pending) throw paymentInProgress(pending.id);
+    try {
+      const [payment] = await this.db.query<PaymentRow>(
+        `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key)
+         SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id FROM (SELECT gen_random_uuid() AS id) g
+         RETURNING *`,
+        [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
+      );
+      return { payment };
+    } catch (err) {
+      // The partial unique index is the guarantee; the read above only names the payment in the way.
+      if (isUniqueViolation(err, 'ux_payments_one_active_per_order')) {
+        const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
+        throw paymentInProgress(active?.id ?? 'unknown');
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * Phases 2 and 3. A resumed key first asks the provider what became of the payment (a lookup is
+   * cheap and never delayed); only if it has no charge is the charge sent again, under the same
+   * outbound key. An unknown outcome releases the lease and answers 503: NOT stored.
+   */
+  async chargeAndSettle(key: LeasedKey, paymentId: string, resumed: boolean): Promise<StoredResponse> {
+    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1`, [paymentId]);
+    let outcome: ProviderOutcome | undefined;
+    if (resumed) {
+      outcome = await this.psp.findChargesByPayment(payment.id).then(foundChargeOutcome, (err: unknown) => {
+        if (err instanceof PspUnreachableError) return undefined;
+        throw err;
+      });
+    }
+    if (!outcome && payment.status === 'pending') {
+      const result = await this.psp.createCharge(
+        { amountMinor: Number(payment.amount_minor), currency: payment.currency, source: payment.source, metadata: { orderId: payment.order_id, paymentId: payment.id } },
+        payment.outbound_key,
+        key.deadline,
+      );
+      outcome = chargeOutcome(result);
+    }
+    if (!outcome && payment.status === 'pending') {
+      await this.phases.release(key);
+      throw paymentPending(payment.id);
+    }
+    // A payment settled meanwhile (a webhook) is answered from its row by the settlement.
+    const settled = await this.settlement.settlePayment(payment.id, outcome ?? settledOutcome(payment), key.leaseToken);
+    if (settled.kind === 'lost') throw paymentPending(payment.id);
+    return settled.response;
+  }
+
+  private async paymentOfKey(keyId: string): Promise<string> {
+    const [payment] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE idempotency_key_id = $1`, [keyId]);
+    // Only a key at PAYMENT_CREATED is ever committed unfinished, and its payment was inserted with it.
+    if (!payment) throw new Error(`payment key ${keyId} is unfinished but has no payment`);
+    return payment.id;
+  }
+
+  async listOrderPayments(clientId: string, orderId: string): Promise<PaymentView[]> {
+    if (!isUUID(orderId)) throw orderNotFound(orderId);
+    const rows = await this.db.query<PaymentRow & { order_exists: boolean }>(
+      `SELECT p.*, true AS order_exists FROM orders o LEFT JOIN payments p ON p.order_id = o.id
+        WHERE o.id = $1 AND o.client_id = $2 ORDER BY p.created_at, p.id`,
+      [orderId, clientId],
+    );
+    if (rows.length === 0) throw orderNotFound(orderId);
+    return rows.filter((r) => r.id !== null).map(toPaymentView);
+  }
+
+  async findPayment(clientId: string, id: string): Promise<PaymentView> {
+    const [row] = isUUID(id) ? await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
+    if (!row) throw paymentNotFound(id);
+    return toPaymentView(row);
+  }
+}
+
+/** The outcome already recorded on a payment that is no longer pending. */
+function settledOutcome(payment: PaymentRow): ProviderOutcome {
+  return payment.status === 'succeeded'
+    ? { status: 'succeeded', providerId: payment.provider_transaction_id! }
+    : { status: 'failed', failureCode: payment.failure_code ?? 'unknown', providerId: payment.provider_transaction_id };
+}
