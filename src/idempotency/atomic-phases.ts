@@ -195,6 +195,12 @@ export class AtomicPhases {
     return rows.map((r) => this.leased(r));
   }
 
+  /** Takes over one unfinished key whose lease has run out (a stale payment found by another request); undefined when it is still leased or finished. */
+  async takeOverLease(keyId: string): Promise<LeasedKey | undefined> {
+    const [taken] = await this.db.query<{ id: string; lease_token: string; recovery_point: string }>(TAKE_OVER_LEASE, [keyId, this.config.idempotencyLeaseSeconds]);
+    return taken && this.leased(taken);
+  }
+
   /** Ends a phase at a recovery point. In the phase's transaction; false when the lease is no longer this holder's. */
   async setRecoveryPoint(key: LeasedKey, recoveryPoint: string): Promise<boolean> {
     const rows = await this.db.query(

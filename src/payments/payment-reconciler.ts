@@ -7,8 +7,8 @@ import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { ProviderOutcome } from './payment-settlement.js';
 import { PaymentSettlement } from './payment-settlement.js';
-import { foundChargeOutcome, PAYMENT_CREATED } from './payments.service.js';
-import { foundRefundOutcome, REFUND_CREATED } from './refunds.service.js';
+import { PAYMENT_CREATED, REFUND_CREATED } from './payment-records.js';
+import { foundChargeOutcome, foundRefundOutcome } from './provider-outcomes.js';
 
 /** Keys taken per round: each needs one or two lookups, so a round stays short and other instances get the rest. */
 const RECONCILE_BATCH = 20;
@@ -76,6 +76,17 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
       }
       if (keys.length < RECONCILE_BATCH) return settled;
     }
+  }
+
+  /**
+   * For a pay that found another key's payment of the order pending: if that key's lease has run
+   * out (its request gave up or died), settle it now rather than refuse the order until the next
+   * reconciler run — which may never come, with RECONCILE_INTERVAL_MS=0. True when it settled.
+   */
+  async reconcileStalePayment(paymentId: string): Promise<boolean> {
+    const [payment] = await this.db.query<{ idempotency_key_id: string | null }>(`SELECT idempotency_key_id FROM payments WHERE id = $1 AND status = 'pending'`, [paymentId]);
+    const key = payment?.idempotency_key_id ? await this.phases.takeOverLease(payment.idempotency_key_id) : undefined;
+    return key ? this.reconcileKey(key) : false;
   }
 
   /** True when it settled the payment or refund; false when the provider could not be asked (the lease is released for the next round). */

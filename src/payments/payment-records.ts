@@ -5,6 +5,11 @@ import type { RefundView } from './dto/refund.view.js';
 import type { PaymentStatus } from './payment.entity.js';
 import { paymentDeclined, refundDeclined } from './payment-problems.js';
 
+/** Recovery point of a payment key: the pending payment and its outbound key are committed; the provider is next. */
+export const PAYMENT_CREATED = 'payment_created';
+/** Recovery point of a refund key: the pending refund, its reservation and its outbound key are committed. */
+export const REFUND_CREATED = 'refund_created';
+
 export interface PaymentRow {
   id: string;
   client_id: string;

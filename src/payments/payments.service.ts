@@ -1,6 +1,6 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
-import type { ProblemException } from '../common/problem.js';
+import { ProblemException, problemType } from '../common/problem.js';
 import { Database } from '../database/database.service.js';
 import { isUniqueViolation } from '../database/pg-errors.js';
 import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
@@ -8,14 +8,13 @@ import type { KeyScope, StoredResponse } from '../idempotency/idempotency-keys.s
 import { problemResponse } from '../idempotency/stored-response.js';
 import { orderNotFound } from '../orders/orders.service.js';
 import type { OrderStatus } from '../orders/order-status.js';
-import { type PspCallResult, type PspCharge, PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
+import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { PaymentView } from './dto/payment.view.js';
 import { nothingToPay, orderNotPayable, paymentInProgress, paymentNotFound, paymentPending, providerUnavailable } from './payment-problems.js';
-import { outboundKeyOf, type PaymentRow, toPaymentView } from './payment-records.js';
+import { outboundKeyOf, PAYMENT_CREATED, type PaymentRow, toPaymentView } from './payment-records.js';
+import { PaymentReconciler } from './payment-reconciler.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
-
-/** Recovery point of a payment key: the pending payment and its outbound key are committed; the provider is next. */
-export const PAYMENT_CREATED = 'payment_created';
+import { chargeOutcome, foundChargeOutcome } from './provider-outcomes.js';
 
 /** What an idempotent payment endpoint answers: a stored response, sent as it is. */
 export interface KeyAnswer {
@@ -26,27 +25,7 @@ export interface KeyAnswer {
 /** Phase 1's result: a stored business answer, or the pending payment to charge. */
 type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; paymentId: string; resumed: boolean };
 
-/** A provider's answer about a charge, as the settlement records it; undefined when the outcome is not known. */
-export function chargeOutcome(result: PspCallResult<PspCharge>): ProviderOutcome | undefined {
-  switch (result.kind) {
-    case 'succeeded':
-      return { status: 'succeeded', providerId: result.value.id };
-    case 'declined':
-      return { status: 'failed', failureCode: result.value.failureCode ?? 'card_declined', providerId: result.value.id };
-    case 'refused':
-      // The provider refused the request itself (an unknown source): nothing was charged, and asking again cannot change that.
-      return { status: 'failed', failureCode: result.status === 400 ? 'invalid_source' : 'provider_refused' };
-    default:
-      return undefined;
-  }
-}
 
-/** A charge found by a lookup, as the settlement records it. */
-export function foundChargeOutcome(charges: PspCharge[]): ProviderOutcome | undefined {
-  const charge = charges.find((c) => c.status === 'succeeded') ?? charges[0];
-  if (!charge) return undefined;
-  return charge.status === 'succeeded' ? { status: 'succeeded', providerId: charge.id } : { status: 'failed', failureCode: charge.failureCode ?? 'card_declined', providerId: charge.id };
-}
 
 /**
  * POST /orders/:id/payments as atomic phases (DESIGN §3.3): the charge cannot join our
@@ -61,10 +40,26 @@ export class PaymentsService {
     private readonly phases: AtomicPhases,
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
+    private readonly reconciler: PaymentReconciler,
   ) {}
 
   async payOrder(scope: KeyScope, orderId: string, source: string): Promise<KeyAnswer> {
-    const phase1 = await this.db.transaction(async (): Promise<Phase1> => {
+    let phase1: Phase1;
+    try {
+      phase1 = await this.startPayment(scope, orderId, source);
+    } catch (err) {
+      // Another key's payment of this order is pending. If its request is gone (lease run out), settle it first, then try once more.
+      const stale = err instanceof ProblemException && err.problem.type === problemType('payment-in-progress') && typeof err.problem.paymentId === 'string';
+      if (!stale || !(await this.reconciler.reconcileStalePayment(err.problem.paymentId as string))) throw err;
+      phase1 = await this.startPayment(scope, orderId, source);
+    }
+    if ('answer' in phase1) return phase1.answer;
+    return { response: await this.chargeAndSettle(phase1.key, phase1.paymentId, phase1.resumed), replayed: false };
+  }
+
+  /** Phase 1: the key acquired and, for a new key, the pending payment written, in one transaction. */
+  private startPayment(scope: KeyScope, orderId: string, source: string): Promise<Phase1> {
+    return this.db.transaction(async (): Promise<Phase1> => {
       const acquired = await this.phases.acquire(scope);
       if (acquired.kind === 'completed') return { answer: { response: acquired.response, replayed: true } };
       if (acquired.kind === 'resumed') return { key: acquired.key, paymentId: await this.paymentOfKey(acquired.key.id), resumed: true };
@@ -80,8 +75,6 @@ export class PaymentsService {
       await this.phases.setRecoveryPoint(acquired.key, PAYMENT_CREATED);
       return { key: acquired.key, paymentId: created.payment.id, resumed: false };
     });
-    if ('answer' in phase1) return phase1.answer;
-    return { response: await this.chargeAndSettle(phase1.key, phase1.paymentId, phase1.resumed), replayed: false };
   }
 
   /**

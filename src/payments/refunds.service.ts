@@ -6,36 +6,17 @@ import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
 import type { KeyScope, StoredResponse } from '../idempotency/idempotency-keys.service.js';
 import { problemResponse } from '../idempotency/stored-response.js';
 import type { OrderStatus } from '../orders/order-status.js';
-import { type PspCallResult, PspClient, type PspRefund, PspUnreachableError } from '../psp-client/psp-client.js';
+import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';
 import { paymentNotFound, paymentPending, providerUnavailable, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
-import { outboundKeyOf, type PaymentRow, type RefundRow, toRefundView } from './payment-records.js';
+import { outboundKeyOf, type PaymentRow, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
+import { foundRefundOutcome, refundOutcome } from './provider-outcomes.js';
 import type { KeyAnswer } from './payments.service.js';
-
-/** Recovery point of a refund key: the pending refund, its reservation and its outbound key are committed. */
-export const REFUND_CREATED = 'refund_created';
 
 type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; refundId: string; resumed: boolean };
 
-export function refundOutcome(result: PspCallResult<PspRefund>): ProviderOutcome | undefined {
-  switch (result.kind) {
-    case 'succeeded':
-      return { status: 'succeeded', providerId: result.value.id };
-    case 'declined':
-      return { status: 'failed', failureCode: result.value.failureCode ?? 'refund_declined', providerId: result.value.id };
-    case 'refused':
-      return { status: 'failed', failureCode: 'provider_refused' };
-    default:
-      return undefined;
-  }
-}
 
-export function foundRefundOutcome(refunds: PspRefund[]): ProviderOutcome | undefined {
-  const refund = refunds.find((r) => r.status === 'succeeded') ?? refunds[0];
-  if (!refund) return undefined;
-  return refund.status === 'succeeded' ? { status: 'succeeded', providerId: refund.id } : { status: 'failed', failureCode: refund.failureCode ?? 'refund_declined', providerId: refund.id };
-}
 
 /**
  * POST /payments/:id/refunds, in the same atomic phases as a payment. The amount is reserved in

@@ -1,0 +1,45 @@
+import type { PspCallResult, PspCharge, PspRefund } from '../psp-client/psp-client.js';
+import type { ProviderOutcome } from './payment-settlement.js';
+
+/** A provider's answer about a charge, as the settlement records it; undefined when the outcome is not known. */
+export function chargeOutcome(result: PspCallResult<PspCharge>): ProviderOutcome | undefined {
+  switch (result.kind) {
+    case 'succeeded':
+      return { status: 'succeeded', providerId: result.value.id };
+    case 'declined':
+      return { status: 'failed', failureCode: result.value.failureCode ?? 'card_declined', providerId: result.value.id };
+    case 'refused':
+      // The provider refused the request itself (an unknown source): nothing was charged, and asking again cannot change that.
+      return { status: 'failed', failureCode: result.status === 400 ? 'invalid_source' : 'provider_refused' };
+    default:
+      return undefined;
+  }
+}
+
+/** A charge found by a lookup, as the settlement records it. */
+export function foundChargeOutcome(charges: PspCharge[]): ProviderOutcome | undefined {
+  const charge = charges.find((c) => c.status === 'succeeded') ?? charges[0];
+  if (!charge) return undefined;
+  return charge.status === 'succeeded' ? { status: 'succeeded', providerId: charge.id } : { status: 'failed', failureCode: charge.failureCode ?? 'card_declined', providerId: charge.id };
+}
+
+/** A provider's answer about a refund; undefined when the outcome is not known. */
+export function refundOutcome(result: PspCallResult<PspRefund>): ProviderOutcome | undefined {
+  switch (result.kind) {
+    case 'succeeded':
+      return { status: 'succeeded', providerId: result.value.id };
+    case 'declined':
+      return { status: 'failed', failureCode: result.value.failureCode ?? 'refund_declined', providerId: result.value.id };
+    case 'refused':
+      return { status: 'failed', failureCode: 'provider_refused' };
+    default:
+      return undefined;
+  }
+}
+
+/** A refund found by a lookup. */
+export function foundRefundOutcome(refunds: PspRefund[]): ProviderOutcome | undefined {
+  const refund = refunds.find((r) => r.status === 'succeeded') ?? refunds[0];
+  if (!refund) return undefined;
+  return refund.status === 'succeeded' ? { status: 'succeeded', providerId: refund.id } : { status: 'failed', failureCode: refund.failureCode ?? 'refund_declined', providerId: refund.id };
+}

@@ -1,0 +1,385 @@
+import { randomUUID } from 'node:crypto';
+import request from 'supertest';
+import { PaymentReconciler } from '../src/payments/payment-reconciler';
+import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
+
+const PROBLEM_JSON = /^application\/problem\+json/;
+
+/**
+ * Payments and refunds against the in-process sandbox provider, over real HTTP. Each test checks
+ * our database AND the provider's ledger (GET /psp/charges): exactly one charge, whatever happened.
+ */
+describe('payments: exactly one charge across retries, races, timeouts and lost answers', () => {
+  let t: TestApp;
+  let numbers = 0;
+
+  beforeAll(async () => {
+    t = await startTestApp({
+      // Short provider timeouts keep the fault tokens fast: tok_timeout / tok_lost answer after 3 × this.
+      PSP_TIMEOUT_MS: '300',
+      PSP_MAX_ATTEMPTS: '3',
+      IDEMPOTENCY_LEASE_SECONDS: '5',
+      // The tests run the reconciler themselves, when they want it.
+      RECONCILE_INTERVAL_MS: '0',
+    });
+  });
+  afterAll(async () => {
+    await t?.close();
+  });
+
+  async function createOrder(totalMinor = 2500, client = ALICE): Promise<string> {
+    const res = await request(t.url)
+      .post('/orders')
+      .set('Authorization', bearer(client))
+      .set('Idempotency-Key', randomUUID())
+      .send({ orderNumber: `PAY-${++numbers}`, currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: totalMinor }] });
+    expect(res.status).toBe(201);
+    return res.body.id as string;
+  }
+
+  const pay = (orderId: string, source: string, key: string = randomUUID(), client = ALICE) =>
+    request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(client)).set('Idempotency-Key', key).send({ source });
+  const refund = (paymentId: string, body: object, key: string = randomUUID(), client = ALICE) =>
+    request(t.url).post(`/payments/${paymentId}/refunds`).set('Authorization', bearer(client)).set('Idempotency-Key', key).send(body);
+  const cancel = (orderId: string) => request(t.url).post(`/orders/${orderId}/cancel`).set('Authorization', bearer(ALICE));
+
+  /** The provider's ledger for an order. */
+  async function charges(orderId: string): Promise<{ id: string; status: string }[]> {
+    const res = await request(t.url).get(`/psp/charges`).query({ orderId });
+    expect(res.status).toBe(200);
+    return res.body.items;
+  }
+
+  async function paymentsOf(orderId: string): Promise<{ id: string; status: string; failure_code: string | null; refunded_minor: string }[]> {
+    return (await t.db.query(`SELECT id, status, failure_code, refunded_minor FROM payments WHERE order_id = $1 ORDER BY created_at`, [orderId])).rows;
+  }
+
+  async function orderState(orderId: string): Promise<{ status: string; paid_events: number; refunded_events: number }> {
+    const { rows } = await t.db.query(
+      `SELECT status,
+              (SELECT count(*)::int FROM order_events WHERE order_id = o.id AND to_status = 'paid') AS paid_events,
+              (SELECT count(*)::int FROM order_events WHERE order_id = o.id AND to_status = 'refunded') AS refunded_events
+         FROM orders o WHERE id = $1`,
+      [orderId],
+    );
+    return rows[0];
+  }
+
+  async function unfinishedKeys(): Promise<number> {
+    const { rows } = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`);
+    return rows[0].n;
+  }
+
+  const reconcile = () => t.app.get(PaymentReconciler).reconcile();
+
+  describe('paying', () => {
+    it('tok_visa: 201 + Location, the payment succeeded, the order paid with one history row, one charge at the provider', async () => {
+      const orderId = await createOrder(2500);
+      const res = await pay(orderId, 'tok_visa');
+      expect(res.status).toBe(201);
+      expect(res.headers.location).toBe(`/payments/${res.body.id}`);
+      expect(res.body).toMatchObject({ orderId, status: 'succeeded', amountMinor: 2500, currency: 'EUR', provider: 'sandbox', refundedMinor: 0, failureCode: null });
+      expect(res.body.providerTransactionId).toMatch(/^ch_/);
+      const get = await request(t.url).get(`/payments/${res.body.id}`).set('Authorization', bearer(ALICE));
+      expect(get.status).toBe(200);
+      expect(get.body).toEqual(res.body);
+      const list = await request(t.url).get(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE));
+      expect(list.body).toEqual({ items: [res.body] });
+      expect(await orderState(orderId)).toEqual({ status: 'paid', paid_events: 1, refunded_events: 0 });
+      const ledger = await charges(orderId);
+      expect(ledger).toHaveLength(1);
+      expect(ledger[0]).toMatchObject({ id: res.body.providerTransactionId, status: 'succeeded' });
+    });
+
+    it('a replay is byte-identical, says Idempotent-Replayed, and charges nothing', async () => {
+      const orderId = await createOrder();
+      const key = randomUUID();
+      const first = await pay(orderId, 'tok_visa', key);
+      const again = await pay(orderId, 'tok_visa', key);
+      expect(again.status).toBe(first.status);
+      expect(again.text).toBe(first.text);
+      expect(again.headers['idempotent-replayed']).toBe('true');
+      expect(again.headers.location).toBe(first.headers.location);
+      expect(again.headers['content-type']).toBe(first.headers['content-type']);
+      expect(await charges(orderId)).toHaveLength(1);
+    });
+
+    it('20 parallel pays with one key: one payment, one charge; every answer is that payment or a 409 to retry', async () => {
+      const orderId = await createOrder();
+      const key = randomUUID();
+      const answers = await Promise.all(Array.from({ length: 20 }, () => pay(orderId, 'tok_visa', key)));
+      const ok = answers.filter((r) => r.status === 201);
+      expect(ok.length).toBeGreaterThanOrEqual(1);
+      expect(new Set(ok.map((r) => r.body.id)).size).toBe(1);
+      for (const r of answers.filter((a) => a.status !== 201)) {
+        expect(r.status).toBe(409);
+        expect(r.body.type).toBe('urn:idempotent-orders:problem:idempotency-key-in-use');
+        expect(Number(r.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+      }
+      expect(await paymentsOf(orderId)).toHaveLength(1);
+      expect(await charges(orderId)).toHaveLength(1);
+      expect(await orderState(orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+    });
+
+    it('10 parallel pays of one order with different keys: one payment, one charge; the rest 409', async () => {
+      const orderId = await createOrder();
+      const answers = await Promise.all(Array.from({ length: 10 }, () => pay(orderId, 'tok_visa')));
+      expect(answers.filter((r) => r.status === 201)).toHaveLength(1);
+      for (const r of answers.filter((a) => a.status !== 201)) {
+        expect(r.status).toBe(409);
+        expect(['urn:idempotent-orders:problem:payment-in-progress', 'urn:idempotent-orders:problem:order-not-payable']).toContain(r.body.type);
+      }
+      expect((await paymentsOf(orderId)).filter((p) => p.status !== 'failed')).toHaveLength(1);
+      expect(await charges(orderId)).toHaveLength(1);
+      expect(await orderState(orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+    });
+
+    it('a decline is a stored 402; the order stays created; a new key then pays it', async () => {
+      const orderId = await createOrder();
+      const key = randomUUID();
+      const declined = await pay(orderId, 'tok_chargeDeclined', key);
+      expect(declined.status).toBe(402);
+      expect(declined.headers['content-type']).toMatch(PROBLEM_JSON);
+      expect(declined.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-declined', failureCode: 'card_declined', paymentId: expect.any(String) });
+      const again = await pay(orderId, 'tok_chargeDeclined', key);
+      expect(again.status).toBe(402);
+      expect(again.text).toBe(declined.text);
+      expect(again.headers['idempotent-replayed']).toBe('true');
+      expect(await orderState(orderId)).toMatchObject({ status: 'created', paid_events: 0 });
+      const paid = await pay(orderId, 'tok_visa');
+      expect(paid.status).toBe(201);
+      expect((await paymentsOf(orderId)).map((p) => p.status)).toEqual(['failed', 'succeeded']);
+      expect((await charges(orderId)).map((c) => c.status).sort()).toEqual(['failed', 'succeeded']);
+    });
+
+    it('an unknown source is refused by the provider: 402 invalid_source, nothing charged', async () => {
+      const orderId = await createOrder();
+      const res = await pay(orderId, 'tok_nonsense');
+      expect(res.status).toBe(402);
+      expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-declined', failureCode: 'invalid_source' });
+      expect(await charges(orderId)).toHaveLength(0);
+      expect(await orderState(orderId)).toMatchObject({ status: 'created' });
+    });
+
+    it('tok_flaky: the client retries the 503s under the same outbound key, then 201 with one charge', async () => {
+      const orderId = await createOrder();
+      const res = await pay(orderId, 'tok_flaky');
+      expect(res.status).toBe(201);
+      expect(await charges(orderId)).toHaveLength(1);
+      expect(await orderState(orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+    });
+
+    it('tok_timeout: the first attempt times out, the retry gets the charge the first one recorded: 201, one charge', async () => {
+      const orderId = await createOrder();
+      const res = await pay(orderId, 'tok_timeout');
+      expect(res.status).toBe(201);
+      const ledger = await charges(orderId);
+      expect(ledger).toHaveLength(1);
+      expect(res.body.providerTransactionId).toBe(ledger[0].id);
+    });
+
+    it('tok_slow answers within the timeout: 201', async () => {
+      const orderId = await createOrder();
+      expect((await pay(orderId, 'tok_slow')).status).toBe(201);
+    });
+  });
+
+  describe('outcomes the provider did not tell us', () => {
+    it('tok_lost: 503 payment-pending, the payment stays pending; the reconciler settles it; the key then answers 201 with that payment', async () => {
+      const orderId = await createOrder();
+      const key = randomUUID();
+      const lost = await pay(orderId, 'tok_lost', key);
+      expect(lost.status).toBe(503);
+      expect(lost.headers['content-type']).toMatch(PROBLEM_JSON);
+      expect(lost.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-pending', paymentId: expect.any(String) });
+      expect(Number(lost.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+      expect(await paymentsOf(orderId)).toMatchObject([{ id: lost.body.paymentId, status: 'pending' }]);
+      // A pending payment blocks a cancel: the charge may have gone through (it did).
+      const refused = await cancel(orderId);
+      expect(refused.status).toBe(409);
+      expect(refused.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-in-progress', paymentId: lost.body.paymentId });
+
+      expect(await reconcile()).toBeGreaterThanOrEqual(1);
+      expect(await paymentsOf(orderId)).toMatchObject([{ id: lost.body.paymentId, status: 'succeeded' }]);
+      expect(await orderState(orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+      const retried = await pay(orderId, 'tok_lost', key);
+      expect(retried.status).toBe(201);
+      expect(retried.headers['idempotent-replayed']).toBe('true');
+      expect(retried.body).toMatchObject({ id: lost.body.paymentId, status: 'succeeded' });
+      expect(await charges(orderId)).toHaveLength(1);
+      expect(await unfinishedKeys()).toBe(0);
+    });
+
+    it('tok_lost, retried with the same key before any reconciler: the retry looks the charge up and answers 201', async () => {
+      const orderId = await createOrder();
+      const key = randomUUID();
+      const lost = await pay(orderId, 'tok_lost', key);
+      expect(lost.status).toBe(503);
+      const retried = await pay(orderId, 'tok_lost', key);
+      expect(retried.status).toBe(201);
+      expect(retried.body.id).toBe(lost.body.paymentId);
+      expect(await charges(orderId)).toHaveLength(1);
+      expect(await orderState(orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+    });
+
+    it('tok_unavailable: 503 pending; the provider never saw it, so the reconciler fails it provider_unreachable and the key answers 402', async () => {
+      const orderId = await createOrder();
+      const key = randomUUID();
+      const res = await pay(orderId, 'tok_unavailable', key);
+      expect(res.status).toBe(503);
+      expect(res.body.type).toBe('urn:idempotent-orders:problem:payment-pending');
+      expect(await reconcile()).toBeGreaterThanOrEqual(1);
+      expect(await paymentsOf(orderId)).toMatchObject([{ status: 'failed', failure_code: 'provider_unreachable' }]);
+      const retried = await pay(orderId, 'tok_unavailable', key);
+      expect(retried.status).toBe(402);
+      expect(retried.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-declined', failureCode: 'provider_unreachable', paymentId: res.body.paymentId });
+      expect(await charges(orderId)).toHaveLength(0);
+      expect(await orderState(orderId)).toMatchObject({ status: 'created' });
+      // Failed: the order may be paid again with a new key.
+      expect((await pay(orderId, 'tok_visa')).status).toBe(201);
+    });
+  });
+
+  describe('a pending payment whose request gave up, found by a new key (reconciler off)', () => {
+    it('settles it first: the lost charge succeeded, so the order is paid and the new key gets a stored 409 order-not-payable', async () => {
+      const orderId = await createOrder();
+      const lost = await pay(orderId, 'tok_lost');
+      expect(lost.status).toBe(503);
+      const other = await pay(orderId, 'tok_visa');
+      expect(other.status).toBe(409);
+      expect(other.body).toMatchObject({ type: 'urn:idempotent-orders:problem:order-not-payable', currentStatus: 'paid' });
+      expect(await paymentsOf(orderId)).toMatchObject([{ id: lost.body.paymentId, status: 'succeeded' }]);
+      expect(await charges(orderId)).toHaveLength(1);
+    });
+
+    it('settles it first: the provider never saw it, so it fails provider_unreachable and the new key pays', async () => {
+      const orderId = await createOrder();
+      const unreachable = await pay(orderId, 'tok_unavailable');
+      expect(unreachable.status).toBe(503);
+      const other = await pay(orderId, 'tok_visa');
+      expect(other.status).toBe(201);
+      expect((await paymentsOf(orderId)).map((p) => [p.status, p.failure_code])).toEqual([
+        ['failed', 'provider_unreachable'],
+        ['succeeded', null],
+      ]);
+      expect(await charges(orderId)).toHaveLength(1);
+    });
+  });
+
+  describe('refunds', () => {
+    async function paidAndCancelled(totalMinor: number): Promise<{ orderId: string; paymentId: string }> {
+      const orderId = await createOrder(totalMinor);
+      const paid = await pay(orderId, 'tok_visa');
+      expect(paid.status).toBe(201);
+      expect((await cancel(orderId)).status).toBe(200);
+      return { orderId, paymentId: paid.body.id };
+    }
+
+    it('8 parallel partial refunds never exceed the payment: 3 of 300 fit in 1000, the rest are 422', async () => {
+      const { orderId, paymentId } = await paidAndCancelled(1000);
+      const answers = await Promise.all(Array.from({ length: 8 }, () => refund(paymentId, { amountMinor: 300 })));
+      expect(answers.filter((r) => r.status === 201)).toHaveLength(3);
+      for (const r of answers.filter((a) => a.status !== 201)) {
+        expect(r.status).toBe(422);
+        expect(r.body.type).toBe('urn:idempotent-orders:problem:refund-exceeds-payment');
+      }
+      const { rows } = await t.db.query(`SELECT coalesce(sum(amount_minor), 0)::int AS refunded FROM refunds WHERE payment_id = $1 AND status = 'succeeded'`, [paymentId]);
+      expect(rows[0].refunded).toBe(900);
+      expect(await paymentsOf(orderId)).toMatchObject([{ refunded_minor: '900' }]);
+      expect(await orderState(orderId)).toMatchObject({ status: 'cancelled', refunded_events: 0 });
+      // What remains, by default: the order becomes refunded, with one history row.
+      const rest = await refund(paymentId, {});
+      expect(rest.status).toBe(201);
+      expect(rest.body).toMatchObject({ paymentId, amountMinor: 100, status: 'succeeded' });
+      expect(rest.headers.location).toBe(`/refunds/${rest.body.id}`);
+      expect(await orderState(orderId)).toMatchObject({ status: 'refunded', refunded_events: 1 });
+      const list = await request(t.url).get(`/payments/${paymentId}/refunds`).set('Authorization', bearer(ALICE));
+      expect(list.body.items).toHaveLength(4);
+      const one = await request(t.url).get(`/refunds/${rest.body.id}`).set('Authorization', bearer(ALICE));
+      expect(one.body).toEqual(rest.body);
+    });
+
+    it('a full refund replays byte for byte and refunds once', async () => {
+      const { orderId, paymentId } = await paidAndCancelled(700);
+      const key = randomUUID();
+      const first = await refund(paymentId, {}, key);
+      expect(first.status).toBe(201);
+      const again = await refund(paymentId, {}, key);
+      expect(again.text).toBe(first.text);
+      expect(again.headers['idempotent-replayed']).toBe('true');
+      const ledger = await request(t.url).get('/psp/refunds').query({ chargeId: (await charges(orderId))[0].id });
+      expect(ledger.body.items).toHaveLength(1);
+      expect(await orderState(orderId)).toMatchObject({ status: 'refunded', refunded_events: 1 });
+    });
+
+    it('a refund of a payment whose order is not cancelled is a stored 409 refund-not-allowed', async () => {
+      const orderId = await createOrder();
+      const paid = await pay(orderId, 'tok_visa');
+      const key = randomUUID();
+      const res = await refund(paid.body.id, {}, key);
+      expect(res.status).toBe(409);
+      expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:refund-not-allowed', orderStatus: 'paid' });
+      expect((await refund(paid.body.id, {}, key)).headers['idempotent-replayed']).toBe('true');
+    });
+
+    it('a declined refund is a stored 402 and gives its reservation back', async () => {
+      const orderId = await createOrder(900);
+      const paid = await pay(orderId, 'tok_refundDeclined');
+      expect(paid.status).toBe(201);
+      expect((await cancel(orderId)).status).toBe(200);
+      const res = await refund(paid.body.id, { amountMinor: 400 });
+      expect(res.status).toBe(402);
+      expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:refund-declined', paymentId: paid.body.id });
+      expect(await paymentsOf(orderId)).toMatchObject([{ refunded_minor: '0' }]);
+    });
+  });
+
+  describe('bad input: a clear problem, nothing charged', () => {
+    it('missing key, empty body, unknown fields, bad source: 400 and no payment', async () => {
+      const orderId = await createOrder();
+      const noKey = await request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).send({ source: 'tok_visa' });
+      expect(noKey.status).toBe(400);
+      expect(noKey.body.type).toBe('urn:idempotent-orders:problem:idempotency-key-missing');
+      for (const body of [{}, { source: 'tok_visa', amountMinor: 1 }, { source: 42 }, { source: 'tok visa' }]) {
+        const res = await request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send(body);
+        expect(res.status).toBe(400);
+        expect(res.headers['content-type']).toMatch(PROBLEM_JSON);
+      }
+      expect(await paymentsOf(orderId)).toHaveLength(0);
+      expect(await charges(orderId)).toHaveLength(0);
+    });
+
+    it('a key reused with another body is a 422 and charges nothing more', async () => {
+      const orderId = await createOrder();
+      const key = randomUUID();
+      expect((await pay(orderId, 'tok_chargeDeclined', key)).status).toBe(402);
+      const reused = await pay(orderId, 'tok_visa', key);
+      expect(reused.status).toBe(422);
+      expect(reused.body.type).toBe('urn:idempotent-orders:problem:idempotency-key-reused');
+      expect(await charges(orderId)).toHaveLength(1);
+    });
+
+    it("another client's order or payment is a 404, and nothing is charged", async () => {
+      const orderId = await createOrder();
+      const bob = await pay(orderId, 'tok_visa', randomUUID(), BOB);
+      expect(bob.status).toBe(404);
+      expect(await charges(orderId)).toHaveLength(0);
+      const paid = await pay(orderId, 'tok_visa');
+      expect((await request(t.url).get(`/payments/${paid.body.id}`).set('Authorization', bearer(BOB))).status).toBe(404);
+      expect((await request(t.url).get(`/orders/${orderId}/payments`).set('Authorization', bearer(BOB))).status).toBe(404);
+      expect((await refund(paid.body.id, {}, randomUUID(), BOB)).status).toBe(404);
+      expect(await charges(orderId)).toHaveLength(1);
+    });
+
+    it('an order that is not created is a stored 409 order-not-payable', async () => {
+      const orderId = await createOrder();
+      expect((await cancel(orderId)).status).toBe(200);
+      const key = randomUUID();
+      const res = await pay(orderId, 'tok_visa', key);
+      expect(res.status).toBe(409);
+      expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:order-not-payable', currentStatus: 'cancelled' });
+      expect((await pay(orderId, 'tok_visa', key)).headers['idempotent-replayed']).toBe('true');
+      expect(await charges(orderId)).toHaveLength(0);
+    });
+  });
+});
