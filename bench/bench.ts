@@ -125,6 +125,30 @@ async function storm(url: string): Promise<{ storm: Row; alone: Row }> {
   };
 }
 
+/** More created orders than a pay run can use up: each pay needs an order of its own. */
+const PAY_ORDERS = 20_000;
+
+/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3 plus two HTTP round trips to the in-process sandbox. */
+async function pays(url: string, databaseUrl: string): Promise<Row> {
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: 1 });
+  const { rows } = await pool.query<{ id: string }>(
+    `INSERT INTO orders (client_id, order_number, currency, total_minor) SELECT 'bench', 'pay-' || g, 'EUR', 4498 FROM generate_series(1, $1) g RETURNING id`,
+    [PAY_ORDERS],
+  );
+  await pool.end();
+  let next = 0;
+  return cannon('pay with tok_visa (new key and order each)', `${url}/orders`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ source: 'tok_visa' }),
+    requests: [
+      {
+        setupRequest: (req) => ({ ...req, path: `/orders/${rows[next++ % rows.length].id}/payments`, headers: { ...req.headers, 'idempotency-key': randomUUID() } }),
+      },
+    ],
+  });
+}
+
 async function main(): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-bench-'));
   await chmod(dir, 0o755);
@@ -183,6 +207,7 @@ async function main(): Promise<void> {
     );
     const { storm: stormRow, alone } = await storm(url);
     rows.push(alone, stormRow);
+    rows.push(await pays(url, server.url));
 
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;
     console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once)\n`);
