@@ -1,4 +1,4 @@
-import { chargeOutcome, foundChargeOutcome, foundRefundOutcome, refundOutcome } from './provider-outcomes';
+import { chargeOutcome, foundChargeOutcome, foundRefundOutcome, refundOutcome } from './provider-outcomes.js';
 
 const charge = (status: 'succeeded' | 'failed', failureCode: string | null = null) => ({
   id: `ch_${status}`,
