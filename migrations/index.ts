@@ -3,6 +3,14 @@ import { Orders1764414000000 } from './1764414000000-orders.js';
 import { OrderLifecycle1764414100000 } from './1764414100000-order-lifecycle.js';
 import { IdempotencyKeys1764414200000 } from './1764414200000-idempotency-keys.js';
 import { SubmitTokens1764414300000 } from './1764414300000-submit-tokens.js';
+import { OrderCreationDigest1764414400000 } from './1764414400000-order-creation-digest.js';
 import { Payments1764414600000 } from './1764414600000-payments.js';
 
-export const migrations = [Orders1764414000000, OrderLifecycle1764414100000, IdempotencyKeys1764414200000, SubmitTokens1764414300000, Payments1764414600000];
+export const migrations = [
+  Orders1764414000000,
+  OrderLifecycle1764414100000,
+  IdempotencyKeys1764414200000,
+  SubmitTokens1764414300000,
+  OrderCreationDigest1764414400000,
+  Payments1764414600000,
+];

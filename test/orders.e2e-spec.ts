@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
+import { creationDigest } from '../src/orders/orders.service';
 import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
 
 const order = (overrides: Record<string, unknown> = {}) => ({
@@ -67,6 +68,47 @@ describe('orders: create, read, list', () => {
     expect(other.headers['content-type']).toMatch(/^application\/problem\+json/);
     expect(other.body).toMatchObject({ type: 'urn:idempotent-orders:problem:order-number-conflict', status: 409, orderId: first.body.id });
     const { rows } = await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE order_number = 'PO-7'`);
+    expect(rows[0].n).toBe(1);
+  });
+
+  it('a retried create gets its order (200) after the order was edited; other content is still 409', async () => {
+    const address = { name: 'Ada', line1: '1 Main St', city: 'Paris', postalCode: '75001', country: 'FR' };
+    const create = order({ orderNumber: 'PO-EDITED', note: 'x', shippingAddress: address });
+    const first = await post(create);
+    expect(first.status).toBe(201);
+    const edited = await request(t.url)
+      .patch(first.headers.location)
+      .set('Authorization', bearer(ALICE))
+      .set('If-Match', first.headers.etag)
+      .send({ note: 'y', shippingAddress: { ...address, line1: '2 Side St' } });
+    expect(edited.status).toBe(200);
+    // The client never saw the 201 and retries the create it made, under a new key.
+    const retried = await post(create);
+    expect(retried.status).toBe(200);
+    // The order as it is now, edits included: the retry created nothing and changed nothing.
+    expect(retried.body).toEqual(edited.body);
+    // The comparison is with what the order was created from, not with what it has become.
+    for (const other of [order({ orderNumber: 'PO-EDITED', note: 'y', shippingAddress: { ...address, line1: '2 Side St' } }), { ...create, currency: 'USD' }, { ...create, note: undefined }]) {
+      const res = await post(other);
+      expect(res.status).toBe(409);
+      expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:order-number-conflict', orderId: first.body.id });
+    }
+    const { rows } = await t.db.query(`SELECT count(*)::int AS n, max(version) AS version, max(creation_digest) AS digest FROM orders WHERE order_number = 'PO-EDITED'`);
+    // Written by the INSERT, untouched by the PATCH.
+    expect(rows[0]).toEqual({ n: 1, version: 2, digest: creationDigest(create) });
+  });
+
+  it('an order made before creation digests existed is compared with its current content', async () => {
+    const first = await post(order({ orderNumber: 'PO-LEGACY', note: 'x' }));
+    expect(first.status).toBe(201);
+    // As migration 1764414400000 leaves the orders it finds.
+    await t.db.query(`UPDATE orders SET creation_digest = NULL WHERE id = $1`, [first.body.id]);
+    const again = await post(order({ note: 'x', orderNumber: 'PO-LEGACY' }));
+    expect(again.status).toBe(200);
+    expect(again.body.id).toBe(first.body.id);
+    const other = await post(order({ orderNumber: 'PO-LEGACY', note: 'z' }));
+    expect(other.status).toBe(409);
+    const { rows } = await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE order_number = 'PO-LEGACY'`);
     expect(rows[0].n).toBe(1);
   });
 

@@ -1,11 +1,12 @@
 /**
  * Migration commands for the embedded server or DATABASE_URL:
  *   node dist/src/database/migrate.js run | revert | show | check | generate <Name>
+ * `show` lists every migration, applied or pending, and exits 1 when any is pending.
  * `check` fails when the entities and the migrations disagree (drift); `generate` writes the
  * SQL TypeORM would need into migrations/ for a human to review and comment.
  */
 import { writeFileSync } from 'node:fs';
-import { DataSource } from 'typeorm';
+import { DataSource, MigrationExecutor } from 'typeorm';
 import { loadConfig } from '../config/app-config.js';
 import { openDatabaseServer } from './database-server.js';
 import { typeormOptions } from './typeorm-options.js';
@@ -27,6 +28,22 @@ ${lines(down)}
 `;
 }
 
+/**
+ * One line per migration, as TypeORM's CLI prints them: `[X] Name` applied, `[ ] Name` pending,
+ * plus `[?] Name` for one the database has applied that this build does not know (a newer build
+ * ran here). Read-only: unlike DataSource.showMigrations, it does not create the migrations table.
+ */
+async function migrationStatus(dataSource: DataSource): Promise<{ lines: string[]; pending: number }> {
+  const executed = new Set((await new MigrationExecutor(dataSource).getExecutedMigrations()).map((m) => m.name));
+  // In the order `run` applies them: by the timestamp that ends every name.
+  const known = dataSource.migrations.map((m) => m.name ?? m.constructor.name).sort((a, b) => Number(a.slice(-13)) - Number(b.slice(-13)));
+  const lines = known.map((name) => `${executed.has(name) ? '[X]' : '[ ]'} ${name}`);
+  for (const name of executed) if (!known.includes(name)) lines.push(`[?] ${name} (applied, but not in this build)`);
+  const pending = known.filter((name) => !executed.has(name)).length;
+  lines.push(pending ? `${pending} of ${known.length} migrations pending: npm run migration:run applies them` : `all ${known.length} migrations are applied`);
+  return { lines, pending };
+}
+
 async function main(): Promise<number> {
   const [command, name] = process.argv.slice(2);
   const config = loadConfig();
@@ -45,8 +62,9 @@ async function main(): Promise<number> {
         console.log('reverted the last migration');
         return 0;
       case 'show': {
-        const pending = await dataSource.showMigrations();
-        console.log(pending ? 'there are pending migrations' : 'all migrations are applied');
+        const { lines, pending } = await migrationStatus(dataSource);
+        console.log(lines.join('\n'));
+        // Non-zero when something is pending, so a deploy script can ask.
         return pending ? 1 : 0;
       }
       case 'check':

@@ -4,7 +4,7 @@ import { ORDER_STATUSES, type OrderStatus } from './order-status.js';
  * The order lifecycle (DESIGN §3.2): every status and the statuses it may move to. delivered and
  * refunded are final. The SQL that moves an order asks this table, never its own copy of it.
  */
-export const ORDER_TRANSITIONS: Readonly<Record<OrderStatus, readonly OrderStatus[]>> = {
+const ORDER_TRANSITIONS: Readonly<Record<OrderStatus, readonly OrderStatus[]>> = {
   created: ['paid', 'cancelled'],
   paid: ['shipped', 'cancelled'],
   shipped: ['delivered'],
@@ -25,8 +25,4 @@ export function canTransition(from: OrderStatus, to: OrderStatus): boolean {
 /** The statuses an order may reach `target` from: the `status = ANY(…)` of the conditional UPDATE. */
 export function allowedFrom(target: OrderStatus): OrderStatus[] {
   return ORDER_STATUSES.filter((from) => canTransition(from, target));
-}
-
-export function isFinal(status: OrderStatus): boolean {
-  return ORDER_TRANSITIONS[status].length === 0;
 }

@@ -13,6 +13,7 @@ import type { OrderStatus } from './order-status.js';
 @Check('ck_orders_currency', `"currency" ~ '^[A-Z]{3}$'`)
 @Check('ck_orders_total_minor', `"total_minor" >= 0`)
 @Check('ck_orders_version', `"version" >= 1`)
+@Check('ck_orders_creation_digest', `"creation_digest" ~ '^[0-9a-f]{64}$'`)
 export class Order {
   @PrimaryGeneratedColumn('uuid', { primaryKeyConstraintName: 'pk_orders' })
   id: string;
@@ -37,6 +38,10 @@ export class Order {
 
   @Column({ type: 'text', nullable: true })
   note: string | null;
+
+  /** SHA-256 (hex) of the create's canonical content; null for orders made before migration 1764414400000. */
+  @Column({ name: 'creation_digest', type: 'text', nullable: true })
+  creationDigest: string | null;
 
   @Column({ type: 'integer', default: 1 })
   version: number;

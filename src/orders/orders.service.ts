@@ -1,6 +1,7 @@
 import { Injectable } from '@nestjs/common';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { isUUID } from 'class-validator';
+import { canonicalJson } from '../common/canonical-json.js';
 import { ProblemException } from '../common/problem.js';
 import { Database } from '../database/database.service.js';
 import type { CreateOrderDto, OrderItemDto } from './dto/create-order.dto.js';
@@ -27,6 +28,7 @@ interface OrderRow {
   updated_at: Date;
   items: OrderItemDto[];
   created_at_key?: string;
+  creation_digest?: string | null;
 }
 
 export interface CreatedOrder {
@@ -49,8 +51,8 @@ const ORDER_COLUMNS = `
  */
 const INSERT_ORDER = `
   WITH o AS (
-    INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note, creation_digest)
+    VALUES ($1, $2, $3, $4, $5, $6, $11)
     ON CONFLICT ON CONSTRAINT uq_orders_client_order_number DO NOTHING
     RETURNING *
   ), lines AS (
@@ -81,20 +83,27 @@ function generateOrderNumber(): string {
   return `ord_${randomBytes(12).toString('base64url')}`;
 }
 
-function sameContent(dto: CreateOrderDto, items: OrderItemDto[], existing: OrderView): boolean {
-  const content = (o: { currency: string; items: OrderItemDto[]; shippingAddress?: unknown; note?: string | null }) =>
-    JSON.stringify([
-      o.currency,
-      o.items.map((i) => [i.sku, i.quantity, i.unitPriceMinor]),
-      canonicalAddress(o.shippingAddress),
-      o.note ?? null,
-    ]);
-  return content({ ...dto, items }) === content(existing);
+/** What a create says about its order: everything in the body but the order number. */
+interface CreationContent {
+  currency: string;
+  items: readonly OrderItemDto[];
+  shippingAddress?: object | null;
+  note?: string | null;
 }
 
-function canonicalAddress(address: unknown): unknown {
-  if (!address || typeof address !== 'object') return null;
-  return Object.fromEntries(Object.entries(address).filter(([, v]) => v !== undefined).sort(([a], [b]) => a.localeCompare(b)));
+/**
+ * SHA-256 (hex) of a create's content in canonical JSON, stored with the order: a repeated create
+ * is the same create exactly when its digest is equal, however the order was edited since. Items
+ * keep their order (line order is part of the order); an absent address or note counts as null.
+ */
+export function creationDigest(content: CreationContent): string {
+  const canonical = canonicalJson({
+    currency: content.currency,
+    items: content.items.map(({ sku, quantity, unitPriceMinor }) => ({ sku, quantity, unitPriceMinor })),
+    shippingAddress: content.shippingAddress ?? null,
+    note: content.note ?? null,
+  });
+  return createHash('sha256').update(canonical).digest('hex');
 }
 
 /** The moves clients make through the API; paid and refunded follow payments. */
@@ -189,7 +198,8 @@ export class OrdersService {
     // Plain copies: what is stored and compared is exactly the validated fields.
     const items = dto.items.map(({ sku, quantity, unitPriceMinor }) => ({ sku, quantity, unitPriceMinor }));
     const total = items.reduce((sum, i) => sum + i.quantity * i.unitPriceMinor, 0);
-    const address = dto.shippingAddress ? canonicalAddress(dto.shippingAddress) : null;
+    const address = dto.shippingAddress ? canonicalJson(dto.shippingAddress) : null;
+    const digest = creationDigest({ ...dto, items });
     const generated = dto.orderNumber === undefined;
     for (let attempt = 0; ; attempt++) {
       const orderNumber = dto.orderNumber ?? generateOrderNumber();
@@ -204,11 +214,18 @@ export class OrdersService {
         items.map((i) => i.quantity),
         items.map((i) => i.unitPriceMinor),
         JSON.stringify(items),
+        digest,
       ]);
       if (row) return { order: toView(row), created: true };
       if (generated && attempt < 2) continue;
       const existing = await this.findByNumber(clientId, orderNumber);
-      if (existing && sameContent(dto, items, existing)) return { order: existing, created: false };
+      if (existing) {
+        const order = toView(existing);
+        // An order from before creation_digest existed (migration 1764414400000) can only be
+        // compared with what it is now: the rule that held when it was created.
+        const existingDigest = existing.creation_digest ?? creationDigest(order);
+        if (existingDigest === digest) return { order, created: false };
+      }
       throw ProblemException.of(
         409,
         'order-number-conflict',
@@ -228,12 +245,12 @@ export class OrdersService {
     return toView(row);
   }
 
-  private async findByNumber(clientId: string, orderNumber: string): Promise<OrderView | undefined> {
+  private async findByNumber(clientId: string, orderNumber: string): Promise<OrderRow | undefined> {
     const [row] = await this.db.query<OrderRow>(
-      `SELECT ${ORDER_COLUMNS} FROM orders o WHERE o.client_id = $1 AND o.order_number = $2`,
+      `SELECT ${ORDER_COLUMNS}, o.creation_digest FROM orders o WHERE o.client_id = $1 AND o.order_number = $2`,
       [clientId, orderNumber],
     );
-    return row && toView(row);
+    return row;
   }
 
   /** Keyset pagination, newest first: stable under concurrent inserts, and as fast on page 1000 as on page 1. */
@@ -314,7 +331,7 @@ export class OrdersService {
       clientId,
       expectedVersions,
       dto.shippingAddress !== undefined,
-      dto.shippingAddress !== undefined ? canonicalAddress(dto.shippingAddress) : null,
+      dto.shippingAddress !== undefined ? canonicalJson(dto.shippingAddress) : null,
       dto.note !== undefined,
       dto.note ?? null,
       EDITABLE_STATUSES,

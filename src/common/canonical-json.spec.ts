@@ -1,0 +1,47 @@
+import { canonicalJson } from './canonical-json.js';
+
+describe('canonicalJson', () => {
+  it('sorts keys at every depth and drops whitespace', () => {
+    expect(canonicalJson(JSON.parse('{ "b": 1, "a": { "d": [1, {"y": 2, "x": 1}], "c": null } }'))).toBe(
+      '{"a":{"c":null,"d":[1,{"x":1,"y":2}]},"b":1}',
+    );
+  });
+
+  it('gives the same text for the same value written in any key order', () => {
+    const a = JSON.parse('{"currency":"EUR","items":[{"sku":"A","quantity":1}],"note":"n"}');
+    const b = JSON.parse('{ "note" : "n", "items" : [ { "quantity" : 1 , "sku" : "A" } ], "currency" : "EUR" }');
+    expect(canonicalJson(a)).toBe(canonicalJson(b));
+  });
+
+  it('keeps array order, which is meaning', () => {
+    expect(canonicalJson([2, 1])).toBe('[2,1]');
+    expect(canonicalJson([2, 1])).not.toBe(canonicalJson([1, 2]));
+  });
+
+  it('drops undefined members, and writes an undefined array element as null, as JSON.stringify does', () => {
+    expect(canonicalJson({ a: 1, b: undefined })).toBe('{"a":1}');
+    expect(canonicalJson({ a: 1, b: undefined })).toBe(canonicalJson({ a: 1 }));
+    expect(canonicalJson([1, undefined])).toBe('[1,null]');
+    expect(canonicalJson(undefined)).toBe('null');
+  });
+
+  it('distinguishes values of different types, and null from absent', () => {
+    expect(canonicalJson({ a: 1 })).not.toBe(canonicalJson({ a: '1' }));
+    expect(canonicalJson({ a: null })).not.toBe(canonicalJson({}));
+    expect(canonicalJson({ a: [] })).not.toBe(canonicalJson({ a: {} }));
+  });
+
+  it('escapes keys and strings as JSON does, and keeps non-ASCII text as it is', () => {
+    expect(canonicalJson({ 'a"b': 'c\nd' })).toBe('{"a\\"b":"c\\nd"}');
+    expect(canonicalJson({ k: 'Zoë ✓ \u001f' })).toBe('{"k":"Zoë ✓ \\u001f"}');
+  });
+
+  it('sorts keys by code unit, not by locale', () => {
+    expect(canonicalJson({ b: 1, B: 2, a: 3, _: 4 })).toBe('{"B":2,"_":4,"a":3,"b":1}');
+  });
+
+  it('is valid JSON that parses back to the same value', () => {
+    const value = { z: [1, 'two', { y: null, x: true }], a: { nested: { deeper: [[]] } }, n: -1.5e-7 };
+    expect(JSON.parse(canonicalJson(value))).toEqual(value);
+  });
+});
