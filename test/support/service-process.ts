@@ -49,9 +49,15 @@ export async function startServiceProcess(env: Record<string, string>): Promise<
   return { child, url, output: () => output, exited, kill };
 }
 
-/** Runs the service expecting it to refuse to start; resolves with its exit code and output. */
-export async function runServiceToExit(env: Record<string, string>): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Runs the service expecting it to refuse to start; resolves with its exit code and output.
+ * `cwd`: the working directory, where the service looks for its `.env` (default: this one).
+ */
+export async function runServiceToExit(
+  env: Record<string, string>,
+  { cwd }: { cwd?: string } = {},
+): Promise<{ code: number | null; output: string }> {
+  const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env.PATH ?? '', ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
