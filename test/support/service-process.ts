@@ -3,6 +3,8 @@ import { once } from 'node:events';
 import { resolve } from 'node:path';
 
 const MAIN = resolve(process.cwd(), 'dist/src/main.js');
+/** Required with DATABASE_URL (the dev default is refused there); a test may override it, or pass '' to leave it unset. */
+const WEBHOOK_SECRET = `whsec_${Buffer.from('service-process-test-webhook-secret').toString('base64')}`;
 const START_DEADLINE_MS = 60_000;
 
 export interface ServiceProcess {
@@ -17,7 +19,7 @@ export interface ServiceProcess {
 /** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it. */
 export async function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
   const child = spawn(process.execPath, [MAIN], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', ...env },
+    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';
@@ -49,9 +51,15 @@ export async function startServiceProcess(env: Record<string, string>): Promise<
   return { child, url, output: () => output, exited, kill };
 }
 
-/** Runs the service expecting it to refuse to start; resolves with its exit code and output. */
-export async function runServiceToExit(env: Record<string, string>): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Runs the service expecting it to refuse to start; resolves with its exit code and output.
+ * `cwd`: the working directory, where the service looks for its `.env` (default: this one).
+ */
+export async function runServiceToExit(
+  env: Record<string, string>,
+  { cwd }: { cwd?: string } = {},
+): Promise<{ code: number | null; output: string }> {
+  const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));

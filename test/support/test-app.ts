@@ -9,6 +9,8 @@ import { databaseUrl, templateDatabase, testDatabasePrefix } from './test-run';
 export const ALICE = { clientId: 'alice', secret: 'alice-secret-0123456789' };
 export const BOB = { clientId: 'bob', secret: 'bob-secret-0123456789' };
 export const bearer = (client: { secret: string }) => `Bearer ${client.secret}`;
+/** The webhook secret of every test app (required with DATABASE_URL): whsec_ + base64 of 32 bytes. */
+export const WEBHOOK_SECRET = `whsec_${Buffer.from('test-app-webhook-secret-32-bytes').toString('base64')}`;
 
 function env(name: string): string {
   const value = process.env[name];
@@ -75,6 +77,7 @@ export function testConfig(url: string, env: Record<string, string> = {}): AppCo
   return loadConfig({
     DATABASE_URL: url,
     API_KEYS: `${ALICE.clientId}:${ALICE.secret},${BOB.clientId}:${BOB.secret}`,
+    PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
     LOG_LEVEL: 'silent',
     ...env,
   });
