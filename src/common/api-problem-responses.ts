@@ -3,10 +3,10 @@ import { ApiResponse, DECORATORS, type ReferenceObject, type SchemaObject } from
 import { PROBLEM_CONTENT_TYPE } from './problem.js';
 
 /**
- * The OpenAPI side of RFC 9457: a base `Problem` schema, and one named schema per problem type
- * (`InvalidTransitionProblem`, …) that pins `type` to its URN and declares the extension members
- * that type carries. A response lists the types it can send (`oneOf`), so a generated client gets a
- * union it can narrow by `type`, and reading `currentStatus` off an invalid-transition is typed.
+ * The OpenAPI side of RFC 9457: one named schema per problem type (`InvalidTransitionProblem`, …):
+ * the standard members, `type` pinned to its URN, and the extension members that type carries.
+ * A response lists the types it can send (`oneOf`), so a generated client gets a union it can
+ * narrow by `type`, and reading `currentStatus` off an invalid-transition is typed.
  *
  * To document a new problem, pass a ProblemExample to @ApiProblems with its `example` and, when it
  * has members beyond type/title/status/detail, their JSON Schema in `members`. Its schema is
@@ -16,6 +16,7 @@ import { PROBLEM_CONTENT_TYPE } from './problem.js';
 
 export const PROBLEM_SCHEMA = 'Problem';
 
+/** The members every problem has; also the schema of a documented problem response without an example. */
 const problemSchema: SchemaObject = {
   type: 'object',
   description:
@@ -23,10 +24,11 @@ const problemSchema: SchemaObject = {
     'schema (…Problem) with the extension members it carries. Ignore members you do not know.',
   required: ['type', 'title', 'status'],
   properties: {
-    type: { type: 'string', description: 'A URN naming the problem type, or about:blank when the HTTP status says it all.', example: 'urn:idempotent-orders:problem:validation-failed' },
-    title: { type: 'string', description: 'A short summary for people; the same for every occurrence of the type.', example: 'Validation failed' },
-    status: { type: 'integer', minimum: 400, maximum: 599, description: 'The HTTP status code.', example: 400 },
-    detail: { type: 'string', description: 'What went wrong this time, for people.', example: 'items.0.quantity must not be greater than 10000' },
+    // No examples here: every problem type's schema copies these, and its own response examples show real values.
+    type: { type: 'string', description: 'A URN naming the problem type, or about:blank when the HTTP status says it all.' },
+    title: { type: 'string', description: 'A short summary for people; the same for every occurrence of the type.' },
+    status: { type: 'integer', minimum: 400, maximum: 599, description: 'The HTTP status code.' },
+    detail: { type: 'string', description: 'What went wrong this time, for people.' },
   },
 };
 
@@ -44,6 +46,8 @@ export interface ProblemExample {
 
 /** Per problem type, its schema: filled as decorators are applied, read by buildOpenApiDocument. */
 const problemTypeSchemas = new Map<string, SchemaObject>();
+/** Whether a response without an example uses the plain Problem schema (else it is left out: unused components are a lint warning). */
+let plainProblemUsed = false;
 
 /** `urn:idempotent-orders:problem:invalid-transition` → `InvalidTransitionProblem`; about:blank → `HttpStatusProblem`. */
 function schemaNameOf(type: string): string {
@@ -54,17 +58,23 @@ function schemaNameOf(type: string): string {
 
 /** Registers the schema of the example's problem type and returns its name; one type must have one shape wherever it is documented. */
 function registerProblemType(p: ProblemExample): string {
-  if (!p.example) return PROBLEM_SCHEMA;
+  if (!p.example) {
+    plainProblemUsed = true;
+    return PROBLEM_SCHEMA;
+  }
   const type = p.example.type;
   if (typeof type !== 'string') throw new Error(`A problem example for status ${p.status} has no string type`);
   const members = p.members ?? {};
-  const required = ['type', ...Object.keys(members).filter((m) => !p.optionalMembers?.includes(m))];
+  // Flat rather than allOf [Problem, members]: Redocly checks examples for undeclared members only
+  // in a schema that lists its properties itself, and that check is what keeps examples and schemas honest.
   const schema: SchemaObject = {
+    type: 'object',
     description:
       type === 'about:blank'
         ? 'A problem that the HTTP status code describes entirely (RFC 9457 §4.2.1).'
-        : `The problem of type ${type}: ${typeof p.example.title === 'string' ? p.example.title : ''}.`,
-    allOf: [{ $ref: `#/components/schemas/${PROBLEM_SCHEMA}` }, { type: 'object', required, properties: { type: { type: 'string', enum: [type] }, ...members } }],
+        : `The problem of type ${type}${typeof p.example.title === 'string' ? ` (${p.example.title})` : ''}.`,
+    required: [...problemSchema.required!, ...Object.keys(members).filter((m) => !p.optionalMembers?.includes(m))],
+    properties: { ...problemSchema.properties, type: { type: 'string', enum: [type], description: 'This problem type.' }, ...members },
   };
   const name = schemaNameOf(type);
   const earlier = problemTypeSchemas.get(name);
@@ -75,9 +85,9 @@ function registerProblemType(p: ProblemExample): string {
   return name;
 }
 
-/** The schemas of every problem type some route documents, plus the base Problem, for the document's components. */
+/** The schemas of every problem type some route documents (and the plain Problem if one uses it), for the document's components. */
 export function problemSchemas(): Record<string, SchemaObject> {
-  return { [PROBLEM_SCHEMA]: problemSchema, ...Object.fromEntries(problemTypeSchemas) };
+  return { ...(plainProblemUsed ? { [PROBLEM_SCHEMA]: problemSchema } : {}), ...Object.fromEntries(problemTypeSchemas) };
 }
 
 type ExampleObject = { summary?: string; value: unknown };
