@@ -33,7 +33,7 @@ async function runBin(bin: string, args: string[]): Promise<{ code: number; stdo
       // No telemetry and no update check from Redocly: the test must not depend on the network.
       { env: { ...process.env, REDOCLY_TELEMETRY: 'off', REDOCLY_SUPPRESS_UPDATE_NOTICE: 'true', NO_COLOR: '1' }, maxBuffer: 64 * 1024 * 1024 },
       (err, stdout, stderr) => {
-        if (err && typeof err.code !== 'number') fail(err);
+        if (err && typeof err.code !== 'number') fail(new Error(`${bin} could not be run`, { cause: err }));
         else done({ code: err ? (err.code as number) : 0, stdout, stderr });
       },
     );
