@@ -7,6 +7,7 @@ import type { NextFunction, Request, Response } from 'express';
 import { Logger } from 'nestjs-pino';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, assignRequestId } from './app.module.js';
+import { problemSchemas } from './common/api-problem-responses.js';
 import { ProblemException } from './common/problem.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 
@@ -78,6 +79,9 @@ function requireJsonBody(req: Request, _res: Response, next: NextFunction): void
   next();
 }
 
+/** The name of the API-key security scheme (@ApiBearerAuth() refers to it by this default name). */
+const BEARER_AUTH = 'bearer';
+
 export function buildOpenApiDocument(app: INestApplication) {
   const config = new DocumentBuilder()
     .setTitle('idempotent-orders')
@@ -86,9 +90,21 @@ export function buildOpenApiDocument(app: INestApplication) {
         'Authorize with an API key (the dev key is printed at start-up).',
     )
     .setVersion('1')
-    .addBearerAuth({ type: 'http', scheme: 'bearer', description: 'An API key from API_KEYS' })
+    .setLicense('MIT', 'https://opensource.org/license/mit')
+    // Relative: the API is where this document is served, whatever host and port that is.
+    .addServer('/', 'This server')
+    .addTag('orders', 'Create orders safely (Idempotency-Key or Submit-Token), read them, change them, move them through their states.')
+    .addTag('operations', 'Health and metrics for operators; no API key.')
+    .addBearerAuth({ type: 'http', scheme: 'bearer', description: 'An API key from API_KEYS' }, BEARER_AUTH)
+    // Every operation needs the key unless it says otherwise (security: [] on the public ones).
+    .addSecurityRequirements(BEARER_AUTH)
     .build();
-  return SwaggerModule.createDocument(app, config);
+  const document = SwaggerModule.createDocument(app, config, {
+    // The method name (createOrder, getOrder, …): what a generated client calls the operation.
+    operationIdFactory: (_controllerKey, methodKey) => methodKey,
+  });
+  document.components = { ...document.components, schemas: { ...document.components?.schemas, ...problemSchemas() } };
+  return document;
 }
 
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */

@@ -1,28 +1,98 @@
 import { applyDecorators } from '@nestjs/common';
-import { ApiExtraModels, ApiProperty, ApiPropertyOptional, ApiResponse, DECORATORS, getSchemaPath } from '@nestjs/swagger';
+import { ApiResponse, DECORATORS, type ReferenceObject, type SchemaObject } from '@nestjs/swagger';
 import { PROBLEM_CONTENT_TYPE } from './problem.js';
 
-/** The RFC 9457 shape every error response has, for the OpenAPI document. */
-export class ProblemView {
-  @ApiProperty({ example: 'urn:idempotent-orders:problem:validation-failed' })
-  type: string;
-  @ApiProperty({ example: 'Validation failed' })
-  title: string;
-  @ApiProperty({ example: 400 })
-  status: number;
-  @ApiPropertyOptional({ example: 'items.0.quantity must not be greater than 10000' })
-  detail?: string;
-}
+/**
+ * The OpenAPI side of RFC 9457: one named schema per problem type (`InvalidTransitionProblem`, …):
+ * the standard members, `type` pinned to its URN, and the extension members that type carries.
+ * A response lists the types it can send (`oneOf`), so a generated client gets a union it can
+ * narrow by `type`, and reading `currentStatus` off an invalid-transition is typed.
+ *
+ * To document a new problem, pass a ProblemExample to @ApiProblems with its `example` and, when it
+ * has members beyond type/title/status/detail, their JSON Schema in `members`. Its schema is
+ * derived from that; the OpenAPI lint test (test/openapi.e2e-spec.ts) fails when the example and the
+ * schema disagree (a member used but not declared, a value of the wrong type).
+ */
+
+export const PROBLEM_SCHEMA = 'Problem';
+
+/** The members every problem has; also the schema of a documented problem response without an example. */
+const problemSchema: SchemaObject = {
+  type: 'object',
+  description:
+    'RFC 9457 problem details, sent as application/problem+json. `type` is a stable URN to switch on; each type has its own ' +
+    'schema (…Problem) with the extension members it carries. Ignore members you do not know.',
+  required: ['type', 'title', 'status'],
+  properties: {
+    // No examples here: every problem type's schema copies these, and its own response examples show real values.
+    type: { type: 'string', description: 'A URN naming the problem type, or about:blank when the HTTP status says it all.' },
+    title: { type: 'string', description: 'A short summary for people; the same for every occurrence of the type.' },
+    status: { type: 'integer', minimum: 400, maximum: 599, description: 'The HTTP status code.' },
+    detail: { type: 'string', description: 'What went wrong this time, for people.' },
+  },
+};
 
 export interface ProblemExample {
   status: number;
   description: string;
+  /** A problem this route really sends. Without one, the response is documented as a plain Problem. */
   example?: Record<string, unknown>;
+  /** JSON Schema of each extension member the example's problem type carries (beyond type, title, status, detail). */
+  members?: Record<string, SchemaObject>;
+  /** Members that are sometimes absent; every other member is always sent. */
+  optionalMembers?: string[];
   headers?: Record<string, { description: string; schema: { type: string } }>;
+}
+
+/** Per problem type, its schema: filled as decorators are applied, read by buildOpenApiDocument. */
+const problemTypeSchemas = new Map<string, SchemaObject>();
+/** Whether a response without an example uses the plain Problem schema (else it is left out: unused components are a lint warning). */
+let plainProblemUsed = false;
+
+/** `urn:idempotent-orders:problem:invalid-transition` → `InvalidTransitionProblem`; about:blank → `HttpStatusProblem`. */
+function schemaNameOf(type: string): string {
+  if (type === 'about:blank') return 'HttpStatusProblem';
+  const slug = type.split(':').pop()!;
+  return `${slug.replace(/(^|-)([a-z0-9])/g, (_m, _dash, c: string) => c.toUpperCase())}Problem`;
+}
+
+/** Registers the schema of the example's problem type and returns its name; one type must have one shape wherever it is documented. */
+function registerProblemType(p: ProblemExample): string {
+  if (!p.example) {
+    plainProblemUsed = true;
+    return PROBLEM_SCHEMA;
+  }
+  const type = p.example.type;
+  if (typeof type !== 'string') throw new Error(`A problem example for status ${p.status} has no string type`);
+  const members = p.members ?? {};
+  // Flat rather than allOf [Problem, members]: Redocly checks examples for undeclared members only
+  // in a schema that lists its properties itself, and that check is what keeps examples and schemas honest.
+  const schema: SchemaObject = {
+    type: 'object',
+    description:
+      type === 'about:blank'
+        ? 'A problem that the HTTP status code describes entirely (RFC 9457 §4.2.1).'
+        : `The problem of type ${type}${typeof p.example.title === 'string' ? ` (${p.example.title})` : ''}.`,
+    required: [...problemSchema.required!, ...Object.keys(members).filter((m) => !p.optionalMembers?.includes(m))],
+    properties: { ...problemSchema.properties, type: { type: 'string', enum: [type], description: 'This problem type.' }, ...members },
+  };
+  const name = schemaNameOf(type);
+  const earlier = problemTypeSchemas.get(name);
+  if (earlier && JSON.stringify(earlier) !== JSON.stringify(schema)) {
+    throw new Error(`Problem type ${type} is documented with two different sets of members: give it one (see api-problem-responses.ts)`);
+  }
+  problemTypeSchemas.set(name, schema);
+  return name;
+}
+
+/** The schemas of every problem type some route documents (and the plain Problem if one uses it), for the document's components. */
+export function problemSchemas(): Record<string, SchemaObject> {
+  return { ...(plainProblemUsed ? { [PROBLEM_SCHEMA]: problemSchema } : {}), ...Object.fromEntries(problemTypeSchemas) };
 }
 
 type ExampleObject = { summary?: string; value: unknown };
 interface ProblemContent {
+  schema?: SchemaObject | ReferenceObject;
   example?: Record<string, unknown>;
   examples?: Record<string, ExampleObject>;
 }
@@ -33,9 +103,18 @@ function namedExample(example: Record<string, unknown>): [string, ExampleObject]
   return [slug, { summary: typeof example.title === 'string' ? example.title : slug, value: example }];
 }
 
+const schemaRef = (name: string) => `#/components/schemas/${name}`;
+
+/** The schema names an earlier decorator put on this status's content. */
+function schemaNamesIn(schema: ProblemContent['schema']): string[] {
+  if (!schema) return [];
+  if ('$ref' in schema) return [schema.$ref.split('/').pop()!];
+  return (schema.oneOf ?? []).flatMap((s) => ('$ref' in s ? [s.$ref.split('/').pop()!] : []));
+}
+
 /**
- * One status, as a decorator that keeps the examples an earlier one documented for it (say
- * @Idempotent's 409 beside a route's own): @nestjs/swagger merges descriptions but replaces content.
+ * One status, as a decorator that keeps the examples and problem types an earlier one documented for
+ * it (say @Idempotent's 409 beside a route's own): @nestjs/swagger merges descriptions but replaces content.
  */
 function problemResponse(p: ProblemExample): MethodDecorator & ClassDecorator {
   return (target: object, key?: string | symbol, descriptor?: PropertyDescriptor) => {
@@ -52,11 +131,14 @@ function problemResponse(p: ProblemExample): MethodDecorator & ClassDecorator {
     };
     const names = Object.keys(examples);
     const content: ProblemContent = names.length > 1 ? { examples } : names.length === 1 ? { example: examples[names[0]].value as Record<string, unknown> } : {};
+    // The problem types this status can carry: one is its schema, several are a union told apart by `type`.
+    const types = [...new Set([...schemaNamesIn(earlier?.schema), registerProblemType(p)])];
+    const schema = types.length === 1 ? { $ref: schemaRef(types[0]) } : { oneOf: types.map((name) => ({ $ref: schemaRef(name) })) };
     const decorator = ApiResponse({
       status: p.status,
       description: p.description,
       ...(Object.keys(headers).length ? { headers } : {}),
-      content: { [PROBLEM_CONTENT_TYPE]: { schema: { $ref: getSchemaPath(ProblemView) }, ...content } },
+      content: { [PROBLEM_CONTENT_TYPE]: { schema, ...content } },
     }) as (target: object, key?: string | symbol, descriptor?: PropertyDescriptor) => unknown;
     return decorator(target, key, descriptor) as never;
   };
@@ -64,8 +146,11 @@ function problemResponse(p: ProblemExample): MethodDecorator & ClassDecorator {
 
 /** Documents error responses as application/problem+json with an example each; several types on one status show as named examples. */
 export function ApiProblems(...problems: ProblemExample[]) {
-  return applyDecorators(ApiExtraModels(ProblemView), ...problems.map(problemResponse));
+  return applyDecorators(...problems.map(problemResponse));
 }
+
+/** The JSON Schema of an extension member that names an order. */
+export const ORDER_ID_MEMBER: SchemaObject = { type: 'string', format: 'uuid', description: 'The id of the order this problem is about.' };
 
 export const UNAUTHORIZED: ProblemExample = {
   status: 401,
@@ -83,10 +168,28 @@ export const VALIDATION_FAILED: ProblemExample = {
     detail: 'items.0.quantity must not be greater than 10000',
     errors: [{ field: 'items.0.quantity', messages: ['quantity must not be greater than 10000'] }],
   },
+  members: {
+    errors: {
+      type: 'array',
+      description: 'Each invalid field (a dotted path into the body or query) and what is wrong with it.',
+      items: {
+        type: 'object',
+        required: ['field', 'messages'],
+        properties: { field: { type: 'string', example: 'items.0.quantity' }, messages: { type: 'array', items: { type: 'string' } } },
+      },
+    },
+  },
 };
 
 export const ORDER_NOT_FOUND: ProblemExample = {
   status: 404,
   description: 'No such order for this client.',
-  example: { type: 'urn:idempotent-orders:problem:order-not-found', title: 'Order not found', status: 404, detail: 'There is no order 6f1c….' },
+  example: { type: 'urn:idempotent-orders:problem:order-not-found', title: 'Order not found', status: 404, detail: 'There is no order 6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f.' },
+};
+
+/** Any route: a request body that is not JSON is refused before anything runs (http-app.ts). */
+export const UNSUPPORTED_MEDIA_TYPE: ProblemExample = {
+  status: 415,
+  description: 'A request body was sent that is not application/json.',
+  example: { type: 'urn:idempotent-orders:problem:unsupported-media-type', title: 'Unsupported Media Type', status: 415, detail: 'Send the request body as application/json.' },
 };

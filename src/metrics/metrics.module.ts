@@ -2,6 +2,7 @@ import { Controller, Get, Global, Header, Module } from '@nestjs/common';
 import { ApiOkResponse, ApiOperation, ApiProduces, ApiTags } from '@nestjs/swagger';
 import { collectDefaultMetrics, Histogram, Registry } from 'prom-client';
 import { Public } from '../common/api-key.guard.js';
+import { ApiProblems, UNSUPPORTED_MEDIA_TYPE } from '../common/api-problem-responses.js';
 
 /** One registry per app instance (not prom-client's global), so several apps in one test process don't collide. */
 export function createRegistry(): Registry {
@@ -31,9 +32,18 @@ export class MetricsController {
 
   @Get()
   @Header('Content-Type', 'text/plain; version=0.0.4; charset=utf-8')
-  @ApiOperation({ summary: 'Prometheus metrics' })
+  @ApiOperation({
+    operationId: 'getMetrics',
+    summary: 'Prometheus metrics',
+    description:
+      'For a Prometheus scraper: request durations by route and status, idempotency outcomes (executed, replayed, waited, ' +
+      'conflict, mismatch, missing) and process metrics. Needs no API key: keep it off the public network.',
+    // Public (no API key): overrides the document's default bearer requirement.
+    security: [],
+  })
   @ApiProduces('text/plain')
-  @ApiOkResponse({ description: 'Prometheus text exposition format.' })
+  @ApiOkResponse({ description: 'Prometheus text exposition format.', schema: { type: 'string' } })
+  @ApiProblems(UNSUPPORTED_MEDIA_TYPE)
   metrics(): Promise<string> {
     return this.registry.metrics();
   }

@@ -16,9 +16,17 @@ import {
   Res,
   UseGuards,
 } from '@nestjs/common';
-import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
+import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
 import type { Request, Response } from 'express';
-import { ApiProblems, ORDER_NOT_FOUND, type ProblemExample, UNAUTHORIZED, VALIDATION_FAILED } from '../common/api-problem-responses.js';
+import {
+  ApiProblems,
+  ORDER_ID_MEMBER,
+  ORDER_NOT_FOUND,
+  type ProblemExample,
+  UNAUTHORIZED,
+  UNSUPPORTED_MEDIA_TYPE,
+  VALIDATION_FAILED,
+} from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { IdempotencyMetrics } from '../idempotency/idempotency-metrics.js';
 import { Idempotent } from '../idempotency/idempotent.decorator.js';
@@ -32,11 +40,28 @@ import { OrderPage, OrderView } from './dto/order.view.js';
 import { UpdateOrderDto } from './dto/update-order.dto.js';
 import { parseIfMatch, versionEtag } from './if-match.js';
 import { allowedFrom, nextStatuses } from './order-state-machine.js';
-import type { OrderStatus } from './order-status.js';
+import { ORDER_STATUSES, type OrderStatus } from './order-status.js';
 import { type ClientTransition, OrdersService } from './orders.service.js';
 
 const ETAG_HEADER = { ETag: { description: 'The order version, for If-Match: "<version>"', schema: { type: 'string' } } };
+const RETRY_AFTER_HEADER = { 'Retry-After': { description: 'Seconds to wait before retrying', schema: { type: 'string' } } };
 
+const ORDER_STATUS_MEMBER: SchemaObject = { type: 'string', enum: [...ORDER_STATUSES], description: 'The status the order is in now.' };
+const ORDER_STATUS_LIST: SchemaObject = { type: 'array', items: { type: 'string', enum: [...ORDER_STATUSES] } };
+const EXAMPLE_ORDER_ID = '6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f';
+
+/** A lock wait on the order timed out (toProblem's concurrent-request): nothing changed, retrying is safe. */
+const CONCURRENT_REQUEST: ProblemExample = {
+  status: 409,
+  description: 'Another request held the order longer than the lock timeout: nothing changed; retry after Retry-After seconds.',
+  headers: RETRY_AFTER_HEADER,
+  example: {
+    type: 'urn:idempotent-orders:problem:concurrent-request',
+    title: 'A concurrent request holds this resource',
+    status: 409,
+    detail: 'Another request is changing this resource right now; retry shortly.',
+  },
+};
 
 const IF_MATCH = {
   name: 'If-Match',
@@ -52,18 +77,17 @@ function invalidTransitionExample(target: ClientTransition): ProblemExample {
   const current = REFUSED_FROM[target];
   return {
     status: 409,
-    description:
-      `The order's status does not allow this move: currentStatus says where it is, allowedTransitions where it may go. ` +
-      `(Also 409 concurrent-request, with Retry-After, when another request held the order longer than the lock timeout.)`,
+    description: `The order's status does not allow this move: currentStatus says where it is, allowedTransitions where it may go.`,
     headers: ETAG_HEADER,
     example: {
       type: 'urn:idempotent-orders:problem:invalid-transition',
       title: 'Transition not allowed',
       status: 409,
-      detail: `Order 6f1c… is ${current}: it cannot become ${target}.`,
+      detail: `Order ${EXAMPLE_ORDER_ID} is ${current}: it cannot become ${target}.`,
       currentStatus: current,
       allowedTransitions: nextStatuses(current),
     },
+    members: { currentStatus: ORDER_STATUS_MEMBER, allowedTransitions: { ...ORDER_STATUS_LIST, description: 'The statuses the order may move to from here.' } },
   };
 }
 
@@ -78,7 +102,7 @@ function ApiTransition(target: ClientTransition, summary: string) {
         `concurrent requests exactly one moves it. Asking again once the order is ${target} returns it unchanged: 200, no new event, same ETag.`,
     }),
     ApiOkResponse({ type: OrderView, headers: ETAG_HEADER, description: `The order, now ${target}.` }),
-    ApiProblems(ORDER_NOT_FOUND, invalidTransitionExample(target)),
+    ApiProblems(ORDER_NOT_FOUND, invalidTransitionExample(target), CONCURRENT_REQUEST),
   );
 }
 
@@ -132,8 +156,20 @@ export class OrdersController {
   @ApiProblems(VALIDATION_FAILED, {
     status: 409,
     description: 'The orderNumber belongs to an order with different content.',
-    example: { type: 'urn:idempotent-orders:problem:order-number-conflict', title: 'Order number already used', status: 409, detail: 'Order number PO-1 already belongs to an order with different content.', orderId: '3b7e…' },
-  }, { status: 413, description: 'The body is larger than the limit.' })
+    example: {
+      type: 'urn:idempotent-orders:problem:order-number-conflict',
+      title: 'Order number already used',
+      status: 409,
+      detail: 'Order number PO-1 already belongs to an order with different content.',
+      orderId: '3b7e0c52-8f3e-4c1a-9a53-1f0d2b6e7a91',
+    },
+    members: { orderId: { ...ORDER_ID_MEMBER, description: 'The order that has this orderNumber (absent if it was deleted meanwhile).' } },
+    optionalMembers: ['orderId'],
+  }, {
+    status: 413,
+    description: 'The body is larger than the limit (64 KiB).',
+    example: { type: 'about:blank', title: 'Payload Too Large', status: 413, detail: 'request entity too large' },
+  }, UNSUPPORTED_MEDIA_TYPE)
   async createOrder(
     @ClientId() clientId: string,
     @Body() dto: CreateOrderDto,
@@ -150,15 +186,27 @@ export class OrdersController {
   }
 
   @Get()
-  @ApiOperation({ summary: 'List orders, newest first (keyset pagination)' })
+  @ApiOperation({
+    summary: 'List orders, newest first (keyset pagination)',
+    description:
+      'Your orders, optionally of one status. Pages are keyset-paginated: pass nextCursor as cursor for the next page; ' +
+      'nextCursor is null on the last one. Orders created meanwhile never shift a page.',
+  })
   @ApiOkResponse({ type: OrderPage })
-  @ApiProblems({ ...VALIDATION_FAILED, description: 'Invalid limit, status or cursor.' })
+  @ApiProblems({ ...VALIDATION_FAILED, description: 'Invalid limit or status.' }, {
+    status: 400,
+    description: 'cursor is not a nextCursor this API gave out.',
+    example: { type: 'urn:idempotent-orders:problem:invalid-cursor', title: 'Invalid cursor', status: 400, detail: 'cursor must be the nextCursor of a previous page, unchanged.' },
+  })
   listOrders(@ClientId() clientId: string, @Query() query: ListOrdersQuery): Promise<OrderPage> {
     return this.orders.listOrders(clientId, query);
   }
 
   @Get(':id')
-  @ApiOperation({ summary: 'Read an order' })
+  @ApiOperation({
+    summary: 'Read an order',
+    description: "One of your orders. Its ETag is the version to send as If-Match with PATCH. Another client's order is a 404, as if it did not exist.",
+  })
   @ApiOkResponse({ type: OrderView, headers: ETAG_HEADER })
   @ApiProblems(ORDER_NOT_FOUND)
   async getOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
@@ -214,24 +262,46 @@ export class OrdersController {
   @ApiOkResponse({ type: OrderView, headers: ETAG_HEADER, description: 'The changed order, with its new version.' })
   @ApiProblems(
     { ...VALIDATION_FAILED, description: 'The body is invalid (unknown fields, neither shippingAddress nor note, bad values), or If-Match is not a list of quoted ETags.' },
+    {
+      status: 400,
+      description: 'If-Match is not a list of quoted ETags.',
+      example: { type: 'urn:idempotent-orders:problem:invalid-if-match', title: 'Invalid If-Match', status: 400, detail: 'If-Match must be a list of quoted ETags, e.g. If-Match: "3".' },
+    },
     ORDER_NOT_FOUND,
     {
       status: 409,
       description: 'The order is past the point where its details may change.',
       headers: ETAG_HEADER,
-      example: { type: 'urn:idempotent-orders:problem:order-not-editable', title: 'Order can no longer be changed', status: 409, detail: 'Order 6f1c… is shipped: its shipping address and note can change only while it is created or paid.', currentStatus: 'shipped', editableStatuses: ['created', 'paid'] },
+      example: {
+        type: 'urn:idempotent-orders:problem:order-not-editable',
+        title: 'Order can no longer be changed',
+        status: 409,
+        detail: `Order ${EXAMPLE_ORDER_ID} is shipped: its shipping address and note can change only while it is created or paid.`,
+        currentStatus: 'shipped',
+        editableStatuses: ['created', 'paid'],
+      },
+      members: { currentStatus: ORDER_STATUS_MEMBER, editableStatuses: { ...ORDER_STATUS_LIST, description: 'The statuses in which the details may change.' } },
     },
+    CONCURRENT_REQUEST,
     {
       status: 412,
       description: 'If-Match names a version the order is no longer at. Nothing was changed; the ETag header has the current version: read the order again and retry.',
       headers: ETAG_HEADER,
-      example: { type: 'urn:idempotent-orders:problem:stale-version', title: 'The order has changed', status: 412, detail: 'Order 6f1c… is at version 4, not the one in If-Match. Read it again (GET /orders/6f1c…) and retry with its ETag.', currentVersion: 4 },
+      example: {
+        type: 'urn:idempotent-orders:problem:stale-version',
+        title: 'The order has changed',
+        status: 412,
+        detail: `Order ${EXAMPLE_ORDER_ID} is at version 4, not the one in If-Match. Read it again (GET /orders/${EXAMPLE_ORDER_ID}) and retry with its ETag.`,
+        currentVersion: 4,
+      },
+      members: { currentVersion: { type: 'integer', minimum: 1, description: 'The version the order is at now (its ETag is "<currentVersion>").' } },
     },
     {
       status: 428,
       description: 'If-Match is missing (or is *, which names no version).',
       example: { type: 'urn:idempotent-orders:problem:precondition-required', title: 'Precondition required', status: 428, detail: 'This update needs If-Match with the ETag of your last read of the order, e.g. If-Match: "3".' },
     },
+    UNSUPPORTED_MEDIA_TYPE,
   )
   async updateOrderDetails(
     @ClientId() clientId: string,

@@ -1,6 +1,6 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader } from '@nestjs/swagger';
-import { ApiProblems } from '../common/api-problem-responses.js';
+import { ApiProblems, ORDER_ID_MEMBER } from '../common/api-problem-responses.js';
 import { idempotencyKeyOrSubmitTokenMissing, submitTokenInvalid, submitTokenUsed, submitTokenWithIdempotencyKey } from './submit-token-problems.js';
 import { SUBMIT_TOKEN_HEADER } from './submit-tokens.service.js';
 
@@ -24,6 +24,7 @@ export function ApiSubmitToken() {
         status: 409,
         description: 'The Submit-Token was already used: orderId names the order it created. Nothing new was created.',
         example: submitTokenUsed('3b7e0c52-8f3e-4c1a-9a53-1f0d2b6e7a91').problem,
+        members: { orderId: { ...ORDER_ID_MEMBER, nullable: true, description: 'The order this token created (null only if that order was deleted since).' } },
       },
       { status: 422, description: "The Submit-Token is unknown, expired or another client's. Nothing was created, nothing consumed.", example: submitTokenInvalid().problem },
     ),

@@ -6,7 +6,7 @@
 import { type Browser, chromium, type Page } from 'playwright-core';
 import { ALICE, startTestApp, type TestApp } from '../support/test-app';
 
-const CREATE = '#operations-orders-OrdersController_createOrder';
+const CREATE = '#operations-orders-createOrder';
 
 describe('Swagger UI', () => {
   let t: TestApp;
