@@ -94,6 +94,7 @@ export function buildOpenApiDocument(app: INestApplication) {
     // Relative: the API is where this document is served, whatever host and port that is.
     .addServer('/', 'This server')
     .addTag('orders', 'Create orders safely (Idempotency-Key or Submit-Token), read them, change them, move them through their states.')
+    .addTag('payments', 'Pay orders and refund payments through the provider: atomic phases under the Idempotency-Key, never two charges.')
     .addTag('operations', 'Health and metrics for operators; no API key.')
     .addBearerAuth({ type: 'http', scheme: 'bearer', description: 'An API key from API_KEYS' }, BEARER_AUTH)
     // Every operation needs the key unless it says otherwise (security: [] on the public ones).

@@ -33,6 +33,7 @@ import { Idempotent } from '../idempotency/idempotent.decorator.js';
 import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
 import { idempotencyKeyOrSubmitTokenMissing, submitTokenWithIdempotencyKey } from '../submit-tokens/submit-token-problems.js';
 import { SubmitTokensService } from '../submit-tokens/submit-tokens.service.js';
+import { PAYMENT_IN_PROGRESS } from '../payments/payment-api-docs.js';
 import { CreateOrderDto } from './dto/create-order.dto.js';
 import { ListOrdersQuery } from './dto/list-orders.query.js';
 import { OrderEventView } from './dto/order-event.view.js';
@@ -102,7 +103,7 @@ function ApiTransition(target: ClientTransition, summary: string) {
         `concurrent requests exactly one moves it. Asking again once the order is ${target} returns it unchanged: 200, no new event, same ETag.`,
     }),
     ApiOkResponse({ type: OrderView, headers: ETAG_HEADER, description: `The order, now ${target}.` }),
-    ApiProblems(ORDER_NOT_FOUND, invalidTransitionExample(target), CONCURRENT_REQUEST),
+    ApiProblems(ORDER_NOT_FOUND, invalidTransitionExample(target), CONCURRENT_REQUEST, ...(target === 'cancelled' ? [PAYMENT_IN_PROGRESS] : [])),
   );
 }
 
