@@ -1,8 +1,16 @@
+import { jest } from '@jest/globals';
+import { Body, Controller, HttpCode, type INestApplication, Logger, Module, Post, Res } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import type { Response } from 'express';
 import { randomUUID } from 'node:crypto';
-import { Client } from 'pg';
+import { Client, Pool } from 'pg';
 import request from 'supertest';
+import { AppModule } from '../src/app.module';
+import { createHttpApp } from '../src/http-app';
+import { Idempotent } from '../src/idempotency/idempotent.decorator';
 import { IdempotencyKeyReaper } from '../src/idempotency/idempotency-key-reaper';
-import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
+import { fingerprintRequest } from '../src/idempotency/request-fingerprint';
+import { ALICE, BOB, bearer, createTestDatabase, startTestApp, testConfig, type TestApp } from './support/test-app';
 
 const order = (overrides: Record<string, unknown> = {}) => ({
   currency: 'EUR',
@@ -19,10 +27,35 @@ async function until(check: () => Promise<boolean>, what: string, deadlineMs = 5
   }
 }
 
+/** The service's own connections (application_name) waiting on a lock, now. */
+const LOCK_WAITERS = `SELECT count(*)::int AS n FROM pg_stat_activity
+  WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`;
+
+/** A transaction of the test's own, holding what a request will need until the test says so. */
+async function openHolder(databaseUrl: string): Promise<Client> {
+  const holder = new Client({ connectionString: databaseUrl });
+  // One test kills this connection on purpose.
+  holder.on('error', () => undefined);
+  await holder.connect();
+  await holder.query('BEGIN');
+  return holder;
+}
+
+/** Reads one unlabelled sample from /metrics. */
+async function sample(url: string, name: string): Promise<number> {
+  const text = (await request(url).get('/metrics')).text;
+  const line = text.split('\n').find((l) => l.startsWith(`${name} `));
+  if (!line) throw new Error(`no ${name} in /metrics`);
+  return Number(line.split(' ')[1]);
+}
+
 describe('Idempotency-Key on POST /orders', () => {
   let t: TestApp;
   beforeAll(async () => {
-    t = await startTestApp({ IDEMPOTENCY_WAIT_MS: '400' });
+    // Long: the tests below release what they hold as soon as they have seen it held, so no request
+    // should ever reach this bound; a loaded machine cannot make one fail. The bound itself is tested
+    // on the short-wait app at the end of this file.
+    t = await startTestApp({ IDEMPOTENCY_WAIT_MS: '20000' });
   });
   afterAll(async () => {
     await t?.close();
@@ -47,7 +80,7 @@ describe('Idempotency-Key on POST /orders', () => {
     expect(missing.status).toBe(400);
     expect(missing.headers['content-type']).toMatch(/^application\/problem\+json/);
     expect(missing.body).toMatchObject({ title: 'Idempotency-Key is missing', status: 400 });
-    for (const bad of ['', 'a b', 'x'.repeat(256), '"unterminated', 'ключ']) {
+    for (const bad of ['', 'a b', '"a b"', 'x'.repeat(256), '"unterminated', 'ключ']) {
       const res = await request(t.url)
         .post('/orders')
         .set('Authorization', bearer(ALICE))
@@ -60,6 +93,17 @@ describe('Idempotency-Key on POST /orders', () => {
     expect(await metric('missing')).toBe(1);
   });
 
+  it('logs the create guard\'s "missing" outcome as the interceptor logs its own, with the client', async () => {
+    const log = jest.spyOn(Logger.prototype, 'log');
+    try {
+      const missing = await post(undefined, order({ note: 'no-key-logged' }));
+      expect(missing.status).toBe(400);
+      expect(log).toHaveBeenCalledWith(expect.objectContaining({ outcome: 'missing', clientId: 'alice' }), 'idempotency missing');
+    } finally {
+      log.mockRestore();
+    }
+  });
+
   it('replays the first response byte for byte, with Location and ETag, and executes once', async () => {
     const key = randomUUID();
     const first = await post(key, order({ note: 'replay' }));
@@ -69,10 +113,11 @@ describe('Idempotency-Key on POST /orders', () => {
     expect(again.status).toBe(201);
     expect(again.headers['idempotent-replayed']).toBe('true');
     expect(again.text).toBe(first.text);
+    expect(first.headers.location).toMatch(/^\/orders\//);
+    expect(first.headers.etag).toBe('"1"');
     expect(again.headers['content-type']).toBe(first.headers['content-type']);
     expect(again.headers.location).toBe(first.headers.location);
     expect(again.headers.etag).toBe(first.headers.etag);
-    expect(again.headers['set-cookie']).toBeUndefined();
     // The RFC 8941 quoted form names the same key.
     const quoted = await post(`"${key}"`, order({ note: 'replay' }));
     expect(quoted.headers['idempotent-replayed']).toBe('true');
@@ -201,30 +246,67 @@ describe('Idempotency-Key on POST /orders', () => {
     expect((await keyRows(key)).rows).toEqual([{ client_id: 'alice', state: 'completed', response_status: 201 }]);
   });
 
+  /** Holds an uncommitted order with this number: a create with it waits on the row, deterministically. */
+  const holdOrderNumber = async (number: string) => {
+    const holder = await openHolder(t.databaseUrl);
+    await holder.query(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ('alice', $1, 'EUR', 1)`, [number]);
+    return holder;
+  };
+  const waiting = () => sample(t.url, 'idempotency_waiting_requests');
+
   it('duplicates arriving at one process wait in memory, not on pooled connections blocked on the key', async () => {
-    // The first request is slow (a trigger sleeps 300 ms inside its insert), so the others arrive while it runs.
-    await t.db.query(`CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$`);
-    await t.db.query(`CREATE TRIGGER slow_insert BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = 'slow-storm') EXECUTE FUNCTION slow_insert()`);
+    const number = `PO-${randomUUID()}`;
+    const body = order({ orderNumber: number, note: 'held-storm' });
+    const holder = await holdOrderNumber(number);
     try {
       const key = randomUUID();
       const waitedBefore = await metric('waited');
-      const first = post(key, order({ note: 'slow-storm' })).then((r) => r);
-      await until(async () => (await count(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%pg_sleep%' AND state = 'active'`)) > 0, 'the first request is inside its insert');
-      const duplicates = Promise.all(Array.from({ length: 30 }, () => post(key, order({ note: 'slow-storm' })).then((r) => r)));
-      let maxLockWaiters = 0;
-      let done = false;
-      void duplicates.finally(() => (done = true));
-      while (!done) {
-        maxLockWaiters = Math.max(maxLockWaiters, await count(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`));
-      }
+      const first = post(key, body).then((r) => r);
+      await until(async () => (await count(LOCK_WAITERS)) === 1, 'the first request waits on the held order number');
+      const duplicates = Promise.all(Array.from({ length: 30 }, () => post(key, body).then((r) => r)));
+      await until(async () => (await waiting()) === 30, 'all 30 duplicates wait in memory');
+      // Still only the first is at the database: the 30 hold no pooled connection.
+      expect(await count(LOCK_WAITERS)).toBe(1);
+      await holder.query('ROLLBACK');
       const responses = [await first, ...(await duplicates)];
-      expect(maxLockWaiters).toBe(0);
       expect(responses.map((r) => r.status)).toEqual(Array(31).fill(201));
       expect(new Set(responses.map((r) => r.text)).size).toBe(1);
-      expect(await ordersWithNote('slow-storm')).toBe(1);
+      expect(responses.filter((r) => r.headers['idempotent-replayed'] !== 'true')).toHaveLength(1);
+      expect(await ordersWithNote('held-storm')).toBe(1);
       expect(await metric('waited')).toBe(waitedBefore + 30);
+      expect(await waiting()).toBe(0);
     } finally {
-      await t.db.query('DROP TRIGGER slow_insert ON orders; DROP FUNCTION slow_insert()');
+      await holder.end();
+    }
+  });
+
+  it('when the first request fails, the waiters go one at a time: the next claims, the rest stay in memory', async () => {
+    const number = `PO-${randomUUID()}`;
+    const body = order({ orderNumber: number, note: 'queue-after-failure' });
+    const holder = await holdOrderNumber(number);
+    try {
+      const key = randomUUID();
+      const first = post(key, body).then((r) => r);
+      await until(async () => (await count(LOCK_WAITERS)) === 1, 'the first request waits on the held order number');
+      const [{ pid }] = (await t.db.query(`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows;
+      const duplicates = Promise.all(Array.from({ length: 4 }, () => post(key, body).then((r) => r)));
+      await until(async () => (await waiting()) === 4, 'the 4 duplicates wait in memory');
+      // The first request fails (its statement is cancelled): a 500, the key is free again.
+      await t.db.query('SELECT pg_cancel_backend($1)', [pid]);
+      expect((await first).status).toBe(500);
+      // The next in line claims the key and waits on the held order number in its turn ...
+      await until(async () => (await count(LOCK_WAITERS)) >= 1, 'the next request waits on the held order number');
+      // ... while the other three are still queued in memory, not on the key's row lock.
+      expect(await waiting()).toBe(3);
+      expect(await count(LOCK_WAITERS)).toBe(1);
+      await holder.query('ROLLBACK');
+      const responses = await duplicates;
+      expect(responses.map((r) => r.status)).toEqual([201, 201, 201, 201]);
+      expect(responses.filter((r) => r.headers['idempotent-replayed'] !== 'true')).toHaveLength(1);
+      expect(new Set(responses.map((r) => r.text)).size).toBe(1);
+      expect(await ordersWithNote('queue-after-failure')).toBe(1);
+    } finally {
+      await holder.end();
     }
   });
 
@@ -243,21 +325,15 @@ describe('Idempotency-Key on POST /orders', () => {
   describe('while another request holds the key (its transaction still open)', () => {
     let holder: Client;
     const hold = async (key: string, body: unknown) => {
-      holder = new Client({ connectionString: t.databaseUrl });
-      // One test kills this connection on purpose.
-      holder.on('error', () => undefined);
-      await holder.connect();
-      await holder.query('BEGIN');
+      holder = await openHolder(t.databaseUrl);
       // Exactly what an in-flight request has done: claimed the key, not yet committed.
-      const { fingerprintRequest } = await import('../src/idempotency/request-fingerprint');
       await holder.query(
         `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
          VALUES ('alice', $1, $2, 'POST', '/orders', now() + interval '1 day')`,
         [key, fingerprintRequest('POST', '/orders', body)],
       );
     };
-    const waitingOnLock = () =>
-      until(async () => (await count(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)) > 0, 'a request waits on the key');
+    const waitingOnLock = () => until(async () => (await count(LOCK_WAITERS)) > 0, 'a request waits on the key');
     afterEach(async () => {
       await holder?.end().catch(() => undefined);
     });
@@ -283,20 +359,6 @@ describe('Idempotency-Key on POST /orders', () => {
       expect(await ordersWithNote('held')).toBe(0);
       expect(await metric('waited')).toBe(before + 1);
       expect((await request(t.url).get('/metrics')).text).toMatch(/idempotency_wait_seconds_count \d+/);
-    });
-
-    it('past IDEMPOTENCY_WAIT_MS a duplicate gets 409 with Retry-After, and nothing runs', async () => {
-      const key = randomUUID();
-      const body = order({ note: 'outstanding' });
-      await hold(key, body);
-      const started = Date.now();
-      const res = await post(key, body);
-      expect(res.status).toBe(409);
-      expect(res.headers['retry-after']).toBe('1');
-      expect(res.body).toMatchObject({ title: 'A request is outstanding for this Idempotency-Key', status: 409 });
-      expect(Date.now() - started).toBeGreaterThanOrEqual(350);
-      await holder.query('ROLLBACK');
-      expect(await ordersWithNote('outstanding')).toBe(0);
     });
 
     it('when the first request dies, the duplicate takes the key over and runs: no stuck key', async () => {
@@ -352,5 +414,248 @@ describe('Idempotency-Key on POST /orders', () => {
     expect(reaped).toBe(1200);
     expect(await count(`SELECT count(*)::int AS n FROM idempotency_keys WHERE expires_at <= now()`)).toBe(0);
     expect(await count(`SELECT count(*)::int AS n FROM idempotency_keys`)).toBe(live);
+  });
+
+  it('an error response never carries the Location or ETag of a write that was rolled back (record or commit failed)', async () => {
+    // Recording the response fails for one key, and the commit fails for another (a deferred check).
+    await t.db.query(`CREATE FUNCTION refuse_key() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused %', NEW.key; END $$`);
+    await t.db.query(`CREATE TRIGGER refuse_record BEFORE UPDATE ON idempotency_keys FOR EACH ROW WHEN (NEW.key LIKE 'fail-record-%' AND NEW.state = 'completed') EXECUTE FUNCTION refuse_key()`);
+    await t.db.query(
+      `CREATE CONSTRAINT TRIGGER refuse_commit AFTER UPDATE ON idempotency_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.key LIKE 'fail-commit-%') EXECUTE FUNCTION refuse_key()`,
+    );
+    try {
+      for (const key of [`fail-record-${randomUUID()}`, `fail-commit-${randomUUID()}`]) {
+        const failed = await post(key, order({ note: key }));
+        expect(failed.status).toBe(500);
+        expect(failed.headers['content-type']).toMatch(/^application\/problem\+json/);
+        expect(failed.headers.location).toBeUndefined();
+        expect(failed.headers.etag).toBeUndefined();
+        expect(await ordersWithNote(key)).toBe(0);
+        expect((await keyRows(key)).rows).toEqual([]);
+      }
+    } finally {
+      await t.db.query('DROP TRIGGER refuse_record ON idempotency_keys; DROP TRIGGER refuse_commit ON idempotency_keys; DROP FUNCTION refuse_key()');
+    }
+  });
+
+  const insertKey = (key: string, body: unknown, state: 'in_progress' | 'completed', expiresAt: string) =>
+    t.db.query(
+      `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, state, recovery_point, locked_until,
+                                     response_status, response_headers, response_body, completed_at, expires_at)
+       VALUES ('alice', $1, $2, 'POST', '/orders', $3, $4, $5, $6, $7, $8, $9, ${expiresAt})`,
+      state === 'completed'
+        ? [key, fingerprintRequest('POST', '/orders', body), state, 'started', null, 201, { 'content-type': 'application/json; charset=utf-8' }, '{"old":true}', new Date()]
+        : [key, fingerprintRequest('POST', '/orders', body), state, 'provider_called', new Date(Date.now() + 60_000), null, null, null, null],
+    );
+  const fullKeyRow = async (key: string) => (await t.db.query(`SELECT * FROM idempotency_keys WHERE key = $1`, [key])).rows;
+
+  it('never takes over an unfinished key past its TTL (a phased handler under its lease): 409 + Retry-After, row unchanged', async () => {
+    const key = randomUUID();
+    const body = order({ note: 'phased-expired' });
+    await insertKey(key, body, 'in_progress', `now() - interval '1 second'`);
+    const before = await fullKeyRow(key);
+    const res = await post(key, body);
+    expect(res.status).toBe(409);
+    expect(res.headers['retry-after']).toBe('1');
+    expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:idempotency-key-in-use' });
+    expect(await fullKeyRow(key)).toEqual(before);
+    expect(await ordersWithNote('phased-expired')).toBe(0);
+    // Whatever the body: the key is not free until its holder completes it.
+    expect((await post(key, order({ note: 'phased-expired-other' }))).status).toBe(409);
+    expect(await fullKeyRow(key)).toEqual(before);
+  });
+
+  it('a key that keeps changing hands during one claim is a 409 + Retry-After, never a 500', async () => {
+    // Every take-over of this key matches nothing, as when other requests keep taking it first.
+    await t.db.query(`CREATE FUNCTION skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`);
+    await t.db.query(`CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW WHEN (OLD.key LIKE 'contended-%') EXECUTE FUNCTION skip_update()`);
+    try {
+      const key = `contended-${randomUUID()}`;
+      const body = order({ note: 'contended' });
+      await insertKey(key, body, 'completed', `now() - interval '1 second'`);
+      const res = await post(key, body);
+      expect(res.status).toBe(409);
+      expect(res.headers['retry-after']).toBe('1');
+      expect(await ordersWithNote('contended')).toBe(0);
+    } finally {
+      await t.db.query('DROP TRIGGER skip_update ON idempotency_keys; DROP FUNCTION skip_update()');
+    }
+  });
+
+  it('two instances racing to take over one expired key: exactly one executes, the other replays it; the reaper skips the key meanwhile', async () => {
+    const second = await createHttpApp({ config: testConfig(t.databaseUrl, { IDEMPOTENCY_WAIT_MS: '20000' }), databaseUrl: t.databaseUrl });
+    await second.listen(0, '127.0.0.1');
+    const secondUrl = `http://127.0.0.1:${(second.getHttpServer().address() as { port: number }).port}`;
+    const number = `PO-${randomUUID()}`;
+    const body = order({ orderNumber: number, note: 'take-over-race' });
+    const key = randomUUID();
+    await insertKey(key, body, 'completed', `now() - interval '1 second'`);
+    const holder = await holdOrderNumber(number);
+    try {
+      // A takes the key over and then waits on the held order number, its take-over uncommitted ...
+      const a = post(key, body).then((r) => r);
+      await until(async () => (await count(LOCK_WAITERS)) === 1, 'the first take-over runs the handler');
+      // ... B, on the other instance, tries to take it over too and waits on A's row lock.
+      const b = request(secondUrl).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(body).then((r) => r);
+      await until(async () => (await count(LOCK_WAITERS)) === 2, 'the second take-over waits on the key row');
+      // The key is expired as far as a reaper can see, but taken: SKIP LOCKED leaves it alone.
+      await t.app.get(IdempotencyKeyReaper).reapExpiredKeys();
+      expect((await keyRows(key)).rows).toHaveLength(1);
+      await holder.query('ROLLBACK');
+      const [ra, rb] = [await a, await b];
+      expect([ra.status, rb.status]).toEqual([201, 201]);
+      expect(ra.headers['idempotent-replayed']).toBeUndefined();
+      expect(rb.headers['idempotent-replayed']).toBe('true');
+      expect(rb.text).toBe(ra.text);
+      expect(await ordersWithNote('take-over-race')).toBe(1);
+      expect((await keyRows(key)).rows).toEqual([{ client_id: 'alice', state: 'completed', response_status: 201 }]);
+    } finally {
+      await holder.end();
+      await second.close();
+    }
+  });
+
+  it('the reaper deleting a key while a claim waits on it: the claim then takes the key and runs, once', async () => {
+    const key = randomUUID();
+    const body = order({ note: 'reaped-while-claimed' });
+    await insertKey(key, body, 'completed', `now() - interval '1 second'`);
+    // What a reaper run does to this key, held open.
+    const reaper = await openHolder(t.databaseUrl);
+    try {
+      await reaper.query(`DELETE FROM idempotency_keys WHERE key = $1`, [key]);
+      const pending = post(key, body).then((r) => r);
+      await until(async () => (await count(LOCK_WAITERS)) === 1, 'the claim waits on the row being reaped');
+      await reaper.query('COMMIT');
+      const res = await pending;
+      expect(res.status).toBe(201);
+      expect(res.headers['idempotent-replayed']).toBeUndefined();
+      expect(await ordersWithNote('reaped-while-claimed')).toBe(1);
+      expect((await keyRows(key)).rows).toEqual([{ client_id: 'alice', state: 'completed', response_status: 201 }]);
+    } finally {
+      await reaper.end();
+    }
+  });
+});
+
+/** What no production route does, so the layer's own guarantees can be tested: a cookie, and a handler that waits for the test. */
+const probe = {
+  runs: 0,
+  gate: Promise.resolve(),
+  release: (): void => undefined,
+};
+/** From now on the gated handler waits until the test calls probe.release(). */
+function closeGate(): void {
+  probe.gate = new Promise<void>((resolve) => (probe.release = resolve));
+}
+
+@Controller('probe')
+class ProbeController {
+  @Post('cookie')
+  @HttpCode(201)
+  @Idempotent()
+  setCookie(@Res({ passthrough: true }) res: Response): { session: string } {
+    const session = randomUUID();
+    res.cookie('session', session, { httpOnly: true }).location(`/probe/${session}`);
+    return { session };
+  }
+
+  @Post('gated')
+  @HttpCode(200)
+  @Idempotent()
+  async gated(@Body() body: unknown): Promise<{ run: number; body: unknown }> {
+    const run = ++probe.runs;
+    await probe.gate;
+    return { run, body };
+  }
+}
+
+@Module({})
+class ProbeAppModule {
+  static forRoot(url: string) {
+    // Short: this app tests the bound itself.
+    const config = testConfig(url, { IDEMPOTENCY_WAIT_MS: '300' });
+    return { module: ProbeAppModule, imports: [AppModule.forRoot({ config, databaseUrl: url })], controllers: [ProbeController] };
+  }
+}
+
+describe('Idempotency-Key: replayed headers and the bound on waiting (test-only routes, IDEMPOTENCY_WAIT_MS=300)', () => {
+  let app: INestApplication;
+  let url: string;
+  let db: Pool;
+  let database: { url: string; drop(): Promise<void> };
+  beforeAll(async () => {
+    database = await createTestDatabase();
+    db = new Pool({ connectionString: database.url, max: 2 });
+    app = await NestFactory.create(ProbeAppModule.forRoot(database.url), { logger: false });
+    await app.listen(0, '127.0.0.1');
+    url = `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}`;
+  });
+  afterAll(async () => {
+    await app?.close();
+    await db?.end();
+    await database?.drop();
+  });
+  const call = (path: string, key: string, body: object = {}) => request(url).post(path).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(body);
+
+  it('never replays Set-Cookie: the handler set one, the replay carries only the stored headers', async () => {
+    const key = randomUUID();
+    const first = await call('/probe/cookie', key);
+    expect(first.status).toBe(201);
+    expect(first.headers['set-cookie']).toEqual([expect.stringMatching(/^session=/)]);
+    const again = await call('/probe/cookie', key);
+    expect(again.status).toBe(201);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(again.text).toBe(first.text);
+    expect(again.headers.location).toBe(first.headers.location);
+    expect(again.headers['set-cookie']).toBeUndefined();
+    const { rows } = await db.query(`SELECT response_headers FROM idempotency_keys WHERE key = $1`, [key]);
+    expect(Object.keys(rows[0].response_headers).sort()).toEqual(['content-type', 'location']);
+  });
+
+  it('a duplicate waiting in memory gives up at IDEMPOTENCY_WAIT_MS: 409 + Retry-After, without touching the database', async () => {
+    closeGate();
+    try {
+      const key = randomUUID();
+      const runsBefore = probe.runs;
+      const first = call('/probe/gated', key, { n: 1 }).then((r) => r);
+      await until(() => Promise.resolve(probe.runs === runsBefore + 1), 'the first request is inside the handler');
+      const duplicate = await call('/probe/gated', key, { n: 1 });
+      expect(duplicate.status).toBe(409);
+      expect(duplicate.headers['retry-after']).toBe('1');
+      expect(duplicate.body).toMatchObject({ type: 'urn:idempotent-orders:problem:idempotency-key-in-use' });
+      // The first is still held at the gate, and the duplicate never ran nor waited on the key's row.
+      expect(probe.runs).toBe(runsBefore + 1);
+      expect((await db.query(LOCK_WAITERS)).rows[0].n).toBe(0);
+      probe.release();
+      const done = await first;
+      expect(done.status).toBe(200);
+      const replay = await call('/probe/gated', key, { n: 1 });
+      expect(replay.headers['idempotent-replayed']).toBe('true');
+      expect(replay.text).toBe(done.text);
+      expect(probe.runs).toBe(runsBefore + 1);
+    } finally {
+      probe.release();
+    }
+  });
+
+  it('a duplicate waiting on another instance\'s uncommitted key gets 409 + Retry-After at IDEMPOTENCY_WAIT_MS, and nothing runs', async () => {
+    const key = randomUUID();
+    const body = { currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 1000 }], note: 'outstanding' };
+    const holder = await openHolder(database.url);
+    try {
+      await holder.query(
+        `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
+         VALUES ('alice', $1, $2, 'POST', '/orders', now() + interval '1 day')`,
+        [key, fingerprintRequest('POST', '/orders', body)],
+      );
+      const res = await call('/orders', key, body);
+      expect(res.status).toBe(409);
+      expect(res.headers['retry-after']).toBe('1');
+      expect(res.body).toMatchObject({ title: 'A request is outstanding for this Idempotency-Key', status: 409 });
+    } finally {
+      await holder.query('ROLLBACK');
+      await holder.end();
+    }
+    expect((await db.query(`SELECT count(*)::int AS n FROM orders WHERE note = 'outstanding'`)).rows[0].n).toBe(0);
   });
 });

@@ -7,13 +7,18 @@ import { existsSync, readFileSync } from 'node:fs';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Pool } from 'pg';
+import { Client, Pool } from 'pg';
 import request from 'supertest';
 import { freePort } from './support/free-port';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase } from './support/test-app';
 
 const API_KEYS = `alice:${ALICE.secret}`;
+/**
+ * Each test starts one or two services and waits for them (up to a minute each, see service-process.ts):
+ * on a loaded 2-core machine that alone can pass Jest's 60 s default, which is a budget, not a claim.
+ */
+const PROCESS_TEST_TIMEOUT_MS = 180_000;
 const order = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }], note });
 
 describe('the service process on a shared database', () => {
@@ -40,28 +45,47 @@ describe('the service process on a shared database', () => {
     request(url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(order(note));
 
   it('SIGKILL with requests in flight: every key retried afterwards has exactly one order, and no key is stuck', async () => {
-    const first = await start();
+    // Long enough that the held requests are still waiting when the kill comes, however loaded the machine.
+    const first = await start({ IDEMPOTENCY_WAIT_MS: '30000', DATABASE_POOL_WAIT_MS: '30000' });
     const keys = Array.from({ length: 60 }, () => randomUUID());
-    let answered = 0;
-    let killed: Promise<number | null> | undefined;
-    const inFlight = keys.map((key) =>
-      post(first.url, key, `crash-${key}`).then(
-        (res) => {
-          expect(res.status).toBe(201);
-          // Kill while most requests are still in flight.
-          if (++answered === 10) killed = first.kill('SIGKILL');
-          return 'answered';
-        },
-        () => 'lost',
-      ),
-    );
-    const outcomes = await Promise.all(inFlight);
-    await killed;
-    expect(outcomes.filter((o) => o === 'lost').length).toBeGreaterThan(0);
+    const body = (key: string) => ({ ...order(`crash-${key}`), orderNumber: `crash-${key}` });
+    const send = (url: string, key: string) =>
+      request(url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(body(key));
+    // Ten requests are certainly mid-flight at the kill: the test's own transaction holds their order numbers.
+    const held = keys.slice(0, 10);
+    const holder = new Client({ connectionString: database.url });
+    await holder.connect();
+    try {
+      await holder.query('BEGIN');
+      for (const key of held) {
+        await holder.query(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ('alice', $1, 'EUR', 1)`, [`crash-${key}`]);
+      }
+      const outcomes = keys.map((key) =>
+        send(first.url, key).then(
+          (res) => res.status,
+          () => 'lost' as const,
+        ),
+      );
+      const heldWaiting = async () =>
+        (await db.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows[0].n as number;
+      const deadline = Date.now() + 30_000;
+      while ((await heldWaiting()) < held.length) {
+        if (Date.now() > deadline) throw new Error('the held requests never waited on their order numbers');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      await first.kill('SIGKILL');
+      const settled = await Promise.all(outcomes);
+      // The held ones were cut off; the rest answered 201 or were cut off too, never anything else.
+      expect(settled.slice(0, 10)).toEqual(Array(10).fill('lost'));
+      for (const outcome of settled.slice(10)) expect([201, 'lost']).toContain(outcome);
+    } finally {
+      await holder.query('ROLLBACK');
+      await holder.end();
+    }
 
     const second = await start();
     for (const key of keys) {
-      const res = await post(second.url, key, `crash-${key}`);
+      const res = await send(second.url, key);
       expect(res.status).toBe(201);
     }
     const { rows } = await db.query(
@@ -71,7 +95,7 @@ describe('the service process on a shared database', () => {
          FROM orders WHERE note LIKE 'crash-%'`,
     );
     expect(rows[0]).toEqual({ orders: 60, notes: 60, stuck: 0, completed: 60 });
-  });
+  }, PROCESS_TEST_TIMEOUT_MS);
 
   it('two processes on one database: 20 parallel duplicates across both execute once', async () => {
     const [a, b] = await Promise.all([start(), start()]);
@@ -86,7 +110,7 @@ describe('the service process on a shared database', () => {
     expect(created.filter((r) => r.headers['idempotent-replayed'] !== 'true')).toHaveLength(1);
     const { rows } = await db.query(`SELECT count(*)::int AS n FROM orders WHERE note = 'two-processes'`);
     expect(rows[0].n).toBe(1);
-  });
+  }, PROCESS_TEST_TIMEOUT_MS);
 
   it('refuses to start on a bad variable, naming it', async () => {
     const { code, output } = await runServiceToExit({ DATABASE_URL: database.url, API_KEYS, PORT: 'eighty' });
@@ -95,7 +119,7 @@ describe('the service process on a shared database', () => {
     const noKeys = await runServiceToExit({ DATABASE_URL: database.url });
     expect(noKeys.code).toBe(1);
     expect(noKeys.output).toContain('API_KEYS is required when DATABASE_URL is set');
-  });
+  }, PROCESS_TEST_TIMEOUT_MS);
 });
 
 describe('the service process on its embedded PostgreSQL', () => {
@@ -143,5 +167,5 @@ describe('the service process on its embedded PostgreSQL', () => {
     expect(await service.kill('SIGTERM')).toBe(0);
     expect(existsSync(join(dir, 'pg', 'postmaster.pid'))).toBe(false);
     service = undefined;
-  });
+  }, PROCESS_TEST_TIMEOUT_MS);
 });

@@ -53,6 +53,10 @@ export class ProblemFilter implements ExceptionFilter {
       this.logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
     }
     if (res.headersSent) return;
+    // A handler may have set these for a write that then rolled back (the idempotency layer records
+    // and commits after the handler returns): an error carries only the problem's own headers.
+    res.removeHeader('Location');
+    res.removeHeader('ETag');
     res.status(problem.status).set(headers).type(PROBLEM_CONTENT_TYPE).send(JSON.stringify(problem));
   }
 }

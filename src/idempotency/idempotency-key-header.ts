@@ -2,11 +2,12 @@ import { parseItem } from 'structured-headers';
 import { ProblemException } from '../common/problem.js';
 
 export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
-export const MAX_KEY_LENGTH = 255;
+const MAX_KEY_LENGTH = 255;
 
-const BARE_KEY = /^[\x21-\x7E]{1,255}$/;
+/** §3.1: 1–255 visible ASCII characters (no space), in either form. */
+const VISIBLE_ASCII_KEY = /^[\x21-\x7E]{1,255}$/;
 
-export function malformedKey(detail: string): ProblemException {
+function malformedKey(detail: string): ProblemException {
   return ProblemException.of(400, 'idempotency-key-malformed', 'Idempotency-Key is malformed', detail);
 }
 
@@ -28,10 +29,11 @@ export function parseIdempotencyKey(raw: string | string[]): string {
       throw malformedKey('A quoted Idempotency-Key must be one RFC 8941 string, such as "8e03978e-40d5-43e8-bc93-6894a57f9324".');
     }
     if (typeof key !== 'string' || params.size > 0) throw malformedKey('A quoted Idempotency-Key must be a plain RFC 8941 string, without parameters.');
-    if (key.length < 1 || key.length > MAX_KEY_LENGTH) throw malformedKey(`An Idempotency-Key has 1 to ${MAX_KEY_LENGTH} characters.`);
+    // An RFC 8941 string may hold spaces; a key may not, quoted or bare.
+    if (!VISIBLE_ASCII_KEY.test(key)) throw malformedKey(`An Idempotency-Key is 1 to ${MAX_KEY_LENGTH} visible ASCII characters, without spaces, quoted or not.`);
     return key;
   }
-  if (!BARE_KEY.test(value)) {
+  if (!VISIBLE_ASCII_KEY.test(value)) {
     throw malformedKey(`An Idempotency-Key is 1 to ${MAX_KEY_LENGTH} visible ASCII characters (a UUID is a good choice).`);
   }
   return value;

@@ -20,8 +20,8 @@ export interface StoredResponse {
 export interface KeyRecord {
   id: string;
   fingerprint: string;
-  state: 'in_progress' | 'completed';
   expired: boolean;
+  /** null while the key is unfinished (only a phased handler ever commits it so). */
   response: StoredResponse | null;
 }
 
@@ -29,7 +29,9 @@ export type Claim =
   /** This request owns the key: run the handler, then record its response in the same transaction. */
   | { kind: 'claimed'; id: string }
   /** Another request had the key (committed before, or while this one waited on its lock). */
-  | { kind: 'existing'; record: KeyRecord; waited: boolean };
+  | { kind: 'existing'; record: KeyRecord; waited: boolean }
+  /** The key changed hands again and again while this request tried to claim it: it should retry shortly. */
+  | { kind: 'contended' };
 
 interface KeyRow {
   id: string;
@@ -45,7 +47,6 @@ interface KeyRow {
 const toRecord = (row: KeyRow): KeyRecord => ({
   id: row.id,
   fingerprint: row.fingerprint,
-  state: row.state,
   expired: row.expired,
   response:
     row.state === 'completed'
@@ -58,9 +59,10 @@ const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired, res
 /**
  * Claim or find in ONE statement. The INSERT either takes the key or, when a row exists, does
  * nothing; the SELECT half then returns that row. If the row belonged to a transaction still in
- * flight, the INSERT first waits for it (bounded by lock_timeout = IDEMPOTENCY_WAIT_MS). A row
- * committed during that wait is newer than this statement's snapshot, so nothing comes back and
- * the caller reads it again: an empty result means "waited".
+ * flight, the INSERT first waits for it (bounded by lock_timeout). A row committed during that wait
+ * is newer than this statement's snapshot, so nothing comes back and the caller reads it again: an
+ * empty result means "waited". The two halves can never both return a row (the SELECT cannot see
+ * the INSERT's row), but the caller picks by `claimed`, not by position.
  */
 const CLAIM_KEY = `
   WITH claimed AS (
@@ -74,8 +76,10 @@ const CLAIM_KEY = `
   SELECT ${KEY_COLUMNS}, false AS claimed FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
 
 /**
- * An expired key counts as absent: the first request to see it takes it over. The row lock makes
- * that a race with one winner; a loser's UPDATE waits, re-checks `expires_at`, matches nothing.
+ * An expired, COMPLETED key counts as absent: the first request to see it takes it over. The row
+ * lock makes that a race with one winner; a loser's UPDATE waits, re-checks the WHERE, matches
+ * nothing. An unfinished key is never taken over, however old: only a phased handler (payments)
+ * commits one, and it belongs to that handler's recovery under its lease, not to the TTL.
  */
 const TAKE_OVER_EXPIRED_KEY = `
   UPDATE idempotency_keys
@@ -83,8 +87,11 @@ const TAKE_OVER_EXPIRED_KEY = `
          recovery_point = 'started', locked_until = NULL, response_status = NULL,
          response_headers = NULL, response_body = NULL, created_at = now(), completed_at = NULL,
          expires_at = now() + make_interval(secs => $6)
-   WHERE client_id = $1 AND key = $2 AND expires_at <= now()
+   WHERE client_id = $1 AND key = $2 AND expires_at <= now() AND state = 'completed'
   RETURNING id`;
+
+/** Each extra round means another request committed, took over or reaped the key meanwhile; three in a row is a storm, told to retry. */
+const MAX_CLAIM_ROUNDS = 3;
 
 /** The idempotency_keys table: claim, find, record. Every query is scoped by client. */
 @Injectable()
@@ -94,25 +101,40 @@ export class IdempotencyKeysService {
     @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
 
-  /** Must run inside the transaction that will also hold the handler's writes and the response. */
-  async claimKey(scope: KeyScope): Promise<Claim> {
+  /**
+   * Must run inside the transaction that will also hold the handler's writes and the response.
+   * `lockWaitMs`: what is left of this request's wait for a request in flight with the same key
+   * (the session's lock_timeout, IDEMPOTENCY_WAIT_MS, when not given). It bounds the claim's lock
+   * waits only; the handler's own lock waits keep the session's lock_timeout.
+   */
+  async claimKey(scope: KeyScope, lockWaitMs?: number): Promise<Claim> {
+    // lock_timeout 0 means "no limit": one millisecond is the shortest wait PostgreSQL can do.
+    if (lockWaitMs !== undefined) await this.db.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.ceil(lockWaitMs))}ms`]);
+    const claim = await this.claim(scope);
+    // Not reached when a claim statement failed: the transaction is aborted and rolls back anyway.
+    if (lockWaitMs !== undefined) await this.db.query(`SET LOCAL lock_timeout TO DEFAULT`);
+    return claim;
+  }
+
+  private async claim(scope: KeyScope): Promise<Claim> {
     const params = [scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path, this.config.idempotencyTtlSeconds];
-    const [row] = await this.db.query<KeyRow>(CLAIM_KEY, params);
-    if (row?.claimed) return { kind: 'claimed', id: row.id };
-    // A bounded number of rounds: each one means another request committed or expired the key meanwhile.
-    for (let round = 0; round < 3; round++) {
-      const record = round === 0 && row ? toRecord(row) : await this.findKey(scope.clientId, scope.key);
+    const rows = await this.db.query<KeyRow>(CLAIM_KEY, params);
+    const mine = rows.find((r) => r.claimed);
+    if (mine) return { kind: 'claimed', id: mine.id };
+    const seen = rows.find((r) => !r.claimed);
+    for (let round = 0; round < MAX_CLAIM_ROUNDS; round++) {
+      const record = round === 0 && seen ? toRecord(seen) : await this.findKey(scope.clientId, scope.key);
       if (!record) {
         // Reaped between our INSERT and this read: claim it afresh.
-        const [again] = await this.db.query<KeyRow>(CLAIM_KEY, params);
-        if (again?.claimed) return { kind: 'claimed', id: again.id };
+        const again = (await this.db.query<KeyRow>(CLAIM_KEY, params)).find((r) => r.claimed);
+        if (again) return { kind: 'claimed', id: again.id };
         continue;
       }
-      if (!record.expired) return { kind: 'existing', record, waited: !row };
+      if (!record.expired || !record.response) return { kind: 'existing', record, waited: !seen };
       const [taken] = await this.db.query<{ id: string }>(TAKE_OVER_EXPIRED_KEY, params);
       if (taken) return { kind: 'claimed', id: taken.id };
     }
-    throw new Error(`Idempotency-Key ${scope.key} changed hands three times during one claim`);
+    return { kind: 'contended' };
   }
 
   async findKey(clientId: string, key: string): Promise<KeyRecord | undefined> {

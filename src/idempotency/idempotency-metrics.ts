@@ -1,12 +1,15 @@
-import { Injectable } from '@nestjs/common';
-import { Counter, Histogram, Registry } from 'prom-client';
+import { Injectable, Logger } from '@nestjs/common';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 
 export type IdempotencyOutcome = 'executed' | 'replayed' | 'waited' | 'conflict' | 'mismatch' | 'missing';
 
+/** What the Idempotency-Key layer reports: each outcome logged with client and key and counted (DESIGN §3.1), and the waits. */
 @Injectable()
 export class IdempotencyMetrics {
+  private readonly logger = new Logger('Idempotency');
   readonly requests: Counter<'outcome'>;
   readonly wait: Histogram;
+  readonly waiting: Gauge;
 
   constructor(registry: Registry) {
     this.requests = new Counter({
@@ -21,5 +24,16 @@ export class IdempotencyMetrics {
       buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
       registers: [registry],
     });
+    this.waiting = new Gauge({
+      name: 'idempotency_waiting_requests',
+      help: 'Duplicates waiting in this process, in memory, for an earlier request with the same key to finish',
+      registers: [registry],
+    });
+  }
+
+  /** The one way an outcome is reported, by the interceptor and by any guard that answers for it. */
+  note(outcome: IdempotencyOutcome, clientId: string | undefined, key: string | undefined): void {
+    this.requests.inc({ outcome });
+    this.logger.log({ outcome, clientId, idempotencyKey: key }, `idempotency ${outcome}`);
   }
 }

@@ -1,4 +1,4 @@
-import { type CallHandler, type ExecutionContext, HttpException, Inject, Injectable, Logger, type NestInterceptor } from '@nestjs/common';
+import { type CallHandler, type ExecutionContext, HttpException, Inject, Injectable, type NestInterceptor } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import type { Request, Response } from 'express';
 import { performance } from 'node:perf_hooks';
@@ -12,7 +12,7 @@ import { PG, pgErrorCode } from '../database/pg-errors.js';
 import { IDEMPOTENT, type IdempotentOptions } from './idempotent.decorator.js';
 import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
 import { parseIdempotencyKey } from './idempotency-key-header.js';
-import { IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
+import { type Claim, IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
 import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
 
 /**
@@ -24,7 +24,7 @@ import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
 const STORED_CLIENT_ERRORS = new Set([402, 404, 409, 410, 422]);
 
 /** Headers that are part of the outcome. Never Set-Cookie: a replay must not hand one client's session to another request. */
-const REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'retry-after'];
+const REPLAYED_HEADERS = new Set(['content-type', 'location', 'etag', 'retry-after']);
 
 /** A duplicate that gave up waiting is told to come back in a second: most requests finish well within that. */
 const OUTSTANDING_RETRY_AFTER_SECONDS = 1;
@@ -37,11 +37,12 @@ type Execution =
   /** The handler raised a business problem; it is stored, and thrown again after the commit for the filter to send. */
   | { kind: 'rethrow'; error: unknown };
 
+/** The headers to store, by lower-case name: Node's own are lower-case, a problem's are spelled `ETag`, `Retry-After`. */
 function pickHeaders(headers: Record<string, unknown>): Record<string, string> {
   const picked: Record<string, string> = {};
-  for (const name of REPLAYED_HEADERS) {
-    const value = headers[name] ?? headers[name.replace(/(^|-)\w/g, (c) => c.toUpperCase())];
-    if (typeof value === 'string' || typeof value === 'number') picked[name] = String(value);
+  for (const [name, value] of Object.entries(headers)) {
+    const lower = name.toLowerCase();
+    if (REPLAYED_HEADERS.has(lower) && (typeof value === 'string' || typeof value === 'number')) picked[lower] = String(value);
   }
   return picked;
 }
@@ -55,14 +56,15 @@ function pickHeaders(headers: Record<string, unknown>): Record<string, string> {
  */
 @Injectable()
 export class IdempotencyInterceptor implements NestInterceptor {
-  private readonly logger = new Logger('Idempotency');
   /**
-   * Requests in flight in THIS process, by client and key. A duplicate that arrives here waits for
-   * the first in memory rather than on a pooled connection blocked on the key's row lock: a storm
-   * of retries cannot drain the pool. Only a queue in front of the claim, which still decides
-   * (and is what makes duplicates on other instances wait).
+   * The last request in line for each (client, key) in THIS process: settles once that request has
+   * finished, and every one ahead of it. A duplicate that arrives here waits in memory for the one
+   * before it, holding no pooled connection, instead of blocking on the key's row lock: a storm of
+   * retries cannot drain the pool, not even when the first request fails and the key is free again
+   * (then the next in line claims it, and only it). Only a queue in front of the claim, which still
+   * decides (and is what makes duplicates on other instances wait).
    */
-  private readonly inFlight = new Map<string, Promise<unknown>>();
+  private readonly lines = new Map<string, Promise<void>>();
 
   constructor(
     private readonly reflector: Reflector,
@@ -81,7 +83,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const raw = req.headers['idempotency-key'];
     if (raw === undefined) {
       if (!options.required) return next.handle();
-      this.note('missing', clientId, undefined);
+      this.metrics.note('missing', clientId, undefined);
       throw ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'This operation requires an Idempotency-Key header.');
     }
     const key = parseIdempotencyKey(raw);
@@ -90,49 +92,60 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return from(this.respond(scope, next, res));
   }
 
+  /**
+   * Takes a place in line, waits for the requests ahead, then answers. One deadline covers the whole
+   * wait, IDEMPOTENCY_WAIT_MS from arrival: the time in line here, then what is left of it as the
+   * claim's lock_timeout (for a request in flight on another instance).
+   */
   private async respond(scope: KeyScope, next: CallHandler, res: Response): Promise<unknown> {
+    const deadline = performance.now() + this.config.idempotencyWaitMs;
     const slot = `${scope.clientId}\n${scope.key}`;
-    const first = this.inFlight.get(slot);
-    const waited = first !== undefined;
-    if (first) await this.waitFor(first, scope);
-    const run = this.respondOnce(scope, next, res, waited);
-    if (!this.inFlight.has(slot)) {
-      this.inFlight.set(slot, run);
-      run.then(
-        () => this.inFlight.delete(slot),
-        () => this.inFlight.delete(slot),
-      );
+    const ahead = this.lines.get(slot);
+    let leave!: () => void;
+    const done = new Promise<void>((resolve) => (leave = resolve));
+    // Whoever comes next waits for this request AND everyone ahead, even if this one gives up waiting.
+    const line = ahead ? ahead.then(() => done) : done;
+    this.lines.set(slot, line);
+    try {
+      if (ahead) await this.waitInLine(ahead, scope, deadline);
+      return await this.respondOnce(scope, next, res, ahead ? deadline - performance.now() : undefined);
+    } finally {
+      leave();
+      if (this.lines.get(slot) === line) this.lines.delete(slot);
     }
-    return run;
   }
 
-  /** Waits up to IDEMPOTENCY_WAIT_MS for the request in flight here; then 409 + Retry-After. */
-  private async waitFor(first: Promise<unknown>, scope: KeyScope): Promise<void> {
+  /** Waits until every request ahead has finished, or the deadline has passed: then 409 + Retry-After. */
+  private async waitInLine(ahead: Promise<void>, scope: KeyScope, deadline: number): Promise<void> {
     const started = performance.now();
     let timer: NodeJS.Timeout | undefined;
-    const settled = await Promise.race([
-      first.then(
-        () => true,
-        () => true,
-      ),
-      new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), this.config.idempotencyWaitMs))),
-    ]);
-    clearTimeout(timer);
-    if (!settled) throw this.outstanding(scope, performance.now() - started);
-    this.metrics.wait.observe((performance.now() - started) / 1000);
+    this.metrics.waiting.inc();
+    try {
+      const ourTurn = await Promise.race([
+        ahead.then(() => true),
+        new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), Math.max(0, deadline - started)))),
+      ]);
+      if (!ourTurn) throw this.outstanding(scope, performance.now() - started);
+      this.metrics.wait.observe((performance.now() - started) / 1000);
+    } finally {
+      clearTimeout(timer);
+      this.metrics.waiting.dec();
+    }
   }
 
-  private async respondOnce(scope: KeyScope, next: CallHandler, res: Response, waited: boolean): Promise<unknown> {
+  /** `lockWaitMs`: what is left of the wait after waiting in line (undefined: it did not). */
+  private async respondOnce(scope: KeyScope, next: CallHandler, res: Response, lockWaitMs: number | undefined): Promise<unknown> {
+    const waited = lockWaitMs !== undefined;
     // Fast path for retries: a completed, live key is replayed (or refused) with one read and no
     // transaction. Only an optimisation: whatever this read misses, the claim below decides.
     const known = await this.keys.findKey(scope.clientId, scope.key);
     const execution =
       known?.response && !known.expired
         ? this.replay(scope, known, waited)
-        : await this.db.transaction(() => this.execute(scope, next, res));
+        : await this.db.transaction(() => this.execute(scope, next, res, lockWaitMs));
     if (execution.kind === 'rethrow') throw execution.error;
     const { response, replayed, outcome } = execution;
-    this.note(outcome, scope.clientId, scope.key);
+    this.metrics.note(outcome, scope.clientId, scope.key);
     res.status(response.status);
     for (const [name, value] of Object.entries(response.headers)) res.setHeader(name, value);
     if (replayed) res.setHeader('Idempotent-Replayed', 'true');
@@ -140,15 +153,16 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return response.body;
   }
 
-  private async execute(scope: KeyScope, next: CallHandler, res: Response): Promise<Execution> {
+  private async execute(scope: KeyScope, next: CallHandler, res: Response, lockWaitMs: number | undefined): Promise<Execution> {
     const waitStarted = performance.now();
-    let claim: Awaited<ReturnType<IdempotencyKeysService['claimKey']>>;
+    let claim: Claim;
     try {
-      claim = await this.keys.claimKey(scope);
+      claim = await this.keys.claimKey(scope, lockWaitMs);
     } catch (err) {
       if (pgErrorCode(err) === PG.lockNotAvailable) throw this.outstanding(scope, performance.now() - waitStarted);
       throw err;
     }
+    if (claim.kind === 'contended') throw this.outstanding(scope, performance.now() - waitStarted);
     if (claim.kind === 'existing') {
       if (claim.waited) this.metrics.wait.observe((performance.now() - waitStarted) / 1000);
       return this.replay(scope, claim.record, claim.waited);
@@ -173,14 +187,15 @@ export class IdempotencyInterceptor implements NestInterceptor {
         headers: { ...pickHeaders(headers), 'content-type': `${PROBLEM_CONTENT_TYPE}; charset=utf-8` },
         body: JSON.stringify(problem),
       });
-      this.note('executed', scope.clientId, scope.key);
+      this.metrics.note('executed', scope.clientId, scope.key);
       return { kind: 'rethrow', error: err };
     }
   }
 
   private replay(scope: KeyScope, record: KeyRecord, waited: boolean): Execution {
-    if (record.fingerprint !== scope.fingerprint) {
-      this.note('mismatch', scope.clientId, scope.key);
+    // An expired key is bound to no request any more; it is only still here because it is unfinished.
+    if (record.fingerprint !== scope.fingerprint && !record.expired) {
+      this.metrics.note('mismatch', scope.clientId, scope.key);
       throw ProblemException.of(
         422,
         'idempotency-key-reused',
@@ -188,13 +203,13 @@ export class IdempotencyInterceptor implements NestInterceptor {
         'This key was first used for a different request (body, method or endpoint). Nothing was executed; use a new key for a new request.',
       );
     }
-    // Committed but not completed: a phased handler (payments) is mid-way under its lease.
+    // Committed but unfinished: a phased handler (payments) is mid-way under its lease.
     if (!record.response) throw this.outstanding(scope, 0);
     return { kind: 'respond', response: record.response, replayed: true, outcome: waited ? 'waited' : 'replayed' };
   }
 
   private outstanding(scope: KeyScope, waitedMs: number): ProblemException {
-    this.note('conflict', scope.clientId, scope.key);
+    this.metrics.note('conflict', scope.clientId, scope.key);
     if (waitedMs > 0) this.metrics.wait.observe(waitedMs / 1000);
     return ProblemException.of(
       409,
@@ -204,10 +219,5 @@ export class IdempotencyInterceptor implements NestInterceptor {
       {},
       { 'Retry-After': String(OUTSTANDING_RETRY_AFTER_SECONDS) },
     );
-  }
-
-  private note(outcome: IdempotencyOutcome, clientId: string, key: string | undefined): void {
-    this.metrics.requests.inc({ outcome });
-    this.logger.log({ outcome, clientId, idempotencyKey: key }, `idempotency ${outcome}`);
   }
 }

@@ -117,13 +117,13 @@ export class IdempotencyKeyOrSubmitTokenGuard implements CanActivate {
   constructor(private readonly idempotencyMetrics: IdempotencyMetrics) {}
 
   canActivate(context: ExecutionContext): boolean {
-    const { headers } = context.switchToHttp().getRequest<Request>();
+    const { headers, clientId } = context.switchToHttp().getRequest<Request>();
     const hasKey = headers['idempotency-key'] !== undefined;
     const hasToken = headers['submit-token'] !== undefined;
     if (hasKey && hasToken) throw submitTokenWithIdempotencyKey();
     if (!hasKey && !hasToken) {
       // The interceptor's "missing" outcome: the route just accepts a second kind of key.
-      this.idempotencyMetrics.requests.inc({ outcome: 'missing' });
+      this.idempotencyMetrics.note('missing', clientId, undefined);
       throw idempotencyKeyOrSubmitTokenMissing();
     }
     return true;
