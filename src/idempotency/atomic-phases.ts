@@ -7,8 +7,8 @@ import { Database } from '../database/database.service.js';
 import { PG, pgErrorCode } from '../database/pg-errors.js';
 import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
 import { parseIdempotencyKey } from './idempotency-key-header.js';
+import { keyInUse, keyMissing, keyReused, keyScopeOf } from './idempotency-problems.js';
 import type { KeyScope, StoredResponse } from './idempotency-keys.service.js';
-import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
 
 /**
  * A phased key's lease, as its holder knows it. Every later write of the holder names
@@ -111,15 +111,12 @@ export class AtomicPhases {
 
   /** The request's key, scoped to its client and bound to its fingerprint; a missing key is a 400 (nothing runs). */
   scopeOf(req: Request): KeyScope {
-    const clientId = req.clientId!;
     const raw = req.headers['idempotency-key'];
     if (raw === undefined) {
-      this.note('missing', { clientId, key: '' });
-      throw ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'This operation requires an Idempotency-Key header.');
+      this.metrics.note('missing', req.clientId, undefined);
+      throw keyMissing();
     }
-    const key = parseIdempotencyKey(raw);
-    const path = normalisePath(req.originalUrl.split('?')[0]);
-    return { clientId, key, method: req.method, path, fingerprint: fingerprintRequest(req.method, path, req.body) };
+    return keyScopeOf(req, parseIdempotencyKey(raw));
   }
 
   /**
@@ -165,7 +162,7 @@ export class AtomicPhases {
       }
       if (row.leased) {
         this.note('conflict', scope);
-        throw keyInUse(Math.max(1, Number(row.lease_seconds_left ?? 1)));
+        throw leaseHeld(Math.max(1, Number(row.lease_seconds_left ?? 1)));
       }
       const [taken] = await this.db.query<{ id: string; lease_token: string; recovery_point: string }>(TAKE_OVER_LEASE, [row.id, lease]);
       if (taken) {
@@ -175,7 +172,7 @@ export class AtomicPhases {
       }
     }
     this.note('conflict', scope);
-    throw keyInUse(1);
+    throw leaseHeld(1);
   }
 
   /**
@@ -267,32 +264,18 @@ export class AtomicPhases {
     } catch (err) {
       if (pgErrorCode(err) !== PG.lockNotAvailable) throw err;
       this.note('conflict', scope);
-      throw keyInUse(1);
+      throw leaseHeld(1);
     }
   }
 
-  private note(outcome: IdempotencyOutcome, scope: Pick<KeyScope, 'clientId' | 'key'>): void {
-    this.metrics.requests.inc({ outcome });
-    this.logger.log({ outcome, clientId: scope.clientId, idempotencyKey: scope.key || undefined }, `idempotency ${outcome}`);
+  private note(outcome: IdempotencyOutcome, scope: KeyScope): void {
+    this.metrics.note(outcome, scope.clientId, scope.key);
   }
 }
 
-export function keyReused(): ProblemException {
-  return ProblemException.of(
-    422,
-    'idempotency-key-reused',
-    'Idempotency-Key is already used',
-    'This key was first used for a different request (body, method or endpoint). Nothing was executed; use a new key for a new request.',
-  );
-}
-
-function keyInUse(retryAfterSeconds: number): ProblemException {
-  return ProblemException.of(
-    409,
-    'idempotency-key-in-use',
-    'A request is outstanding for this Idempotency-Key',
+function leaseHeld(retryAfterSeconds: number): ProblemException {
+  return keyInUse(
     `A request with this key is still being processed. Retry after ${retryAfterSeconds} s: if it has not finished by then, the retry resumes it.`,
-    {},
-    { 'Retry-After': String(retryAfterSeconds) },
+    retryAfterSeconds,
   );
 }

@@ -13,7 +13,8 @@ import { IDEMPOTENT, type IdempotentOptions } from './idempotent.decorator.js';
 import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
 import { parseIdempotencyKey } from './idempotency-key-header.js';
 import { type Claim, IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
-import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
+import { keyInUse, keyMissing, keyReused, keyScopeOf } from './idempotency-problems.js';
+import { writeStoredResponse } from './stored-response.js';
 
 /**
  * Business outcomes a handler reached: stored and replayed like a success. Not stored, so the key
@@ -22,6 +23,9 @@ import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
  * and 5xx (the transaction rolled back, nothing happened).
  */
 const STORED_CLIENT_ERRORS = new Set([402, 404, 409, 410, 422]);
+
+/** A problem that says "retry later" describes the moment, not the outcome: storing it would refuse every retry of the key. */
+const isTemporary = (err: HttpException) => err instanceof ProblemException && Object.keys(err.headers).some((h) => h.toLowerCase() === 'retry-after');
 
 /** Headers that are part of the outcome. Never Set-Cookie: a replay must not hand one client's session to another request. */
 const REPLAYED_HEADERS = new Set(['content-type', 'location', 'etag', 'retry-after']);
@@ -84,12 +88,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (raw === undefined) {
       if (!options.required) return next.handle();
       this.metrics.note('missing', clientId, undefined);
-      throw ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'This operation requires an Idempotency-Key header.');
+      throw keyMissing();
     }
-    const key = parseIdempotencyKey(raw);
-    const path = normalisePath(req.originalUrl.split('?')[0]);
-    const scope: KeyScope = { clientId, key, method: req.method, path, fingerprint: fingerprintRequest(req.method, path, req.body) };
-    return from(this.respond(scope, next, res));
+    return from(this.respond(keyScopeOf(req, parseIdempotencyKey(raw)), next, res));
   }
 
   /**
@@ -146,11 +147,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (execution.kind === 'rethrow') throw execution.error;
     const { response, replayed, outcome } = execution;
     this.metrics.note(outcome, scope.clientId, scope.key);
-    res.status(response.status);
-    for (const [name, value] of Object.entries(response.headers)) res.setHeader(name, value);
-    if (replayed) res.setHeader('Idempotent-Replayed', 'true');
     // The stored bytes themselves, so a replay is identical to the first response.
-    return response.body;
+    return writeStoredResponse(res, response, replayed);
   }
 
   private async execute(scope: KeyScope, next: CallHandler, res: Response, lockWaitMs: number | undefined): Promise<Execution> {
@@ -178,8 +176,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
       await this.keys.recordResponse(claim.id, response);
       return { kind: 'respond', response, replayed: false, outcome: 'executed' };
     } catch (err) {
-      // Validation errors, auth, 5xx: thrown on, the transaction rolls back and the key is free again.
-      if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus())) throw err;
+      // Validation errors, auth, 5xx, and temporary refusals (they carry Retry-After: ask again later,
+      // e.g. a cancel while a payment is pending): thrown on, the transaction rolls back, the key is free again.
+      if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus()) || isTemporary(err)) throw err;
       await this.db.query(`ROLLBACK TO SAVEPOINT ${SAVEPOINT}`);
       const { problem, headers } = toProblem(err);
       await this.keys.recordResponse(claim.id, {
@@ -196,12 +195,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     // An expired key is bound to no request any more; it is only still here because it is unfinished.
     if (record.fingerprint !== scope.fingerprint && !record.expired) {
       this.metrics.note('mismatch', scope.clientId, scope.key);
-      throw ProblemException.of(
-        422,
-        'idempotency-key-reused',
-        'Idempotency-Key is already used',
-        'This key was first used for a different request (body, method or endpoint). Nothing was executed; use a new key for a new request.',
-      );
+      throw keyReused();
     }
     // Committed but unfinished: a phased handler (payments) is mid-way under its lease.
     if (!record.response) throw this.outstanding(scope, 0);
@@ -211,13 +205,6 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private outstanding(scope: KeyScope, waitedMs: number): ProblemException {
     this.metrics.note('conflict', scope.clientId, scope.key);
     if (waitedMs > 0) this.metrics.wait.observe(waitedMs / 1000);
-    return ProblemException.of(
-      409,
-      'idempotency-key-in-use',
-      'A request is outstanding for this Idempotency-Key',
-      `A request with this key is still being processed (waited ${Math.round(waitedMs)} ms). Retry after it has finished.`,
-      {},
-      { 'Retry-After': String(OUTSTANDING_RETRY_AFTER_SECONDS) },
-    );
+    return keyInUse(`A request with this key is still being processed (waited ${Math.round(waitedMs)} ms). Retry after it has finished.`, OUTSTANDING_RETRY_AFTER_SECONDS);
   }
 }
