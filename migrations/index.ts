@@ -3,5 +3,6 @@ import { Orders1764414000000 } from './1764414000000-orders.js';
 import { OrderLifecycle1764414100000 } from './1764414100000-order-lifecycle.js';
 import { IdempotencyKeys1764414200000 } from './1764414200000-idempotency-keys.js';
 import { SubmitTokens1764414300000 } from './1764414300000-submit-tokens.js';
+import { PspSandbox1764414500000 } from './1764414500000-psp-sandbox.js';
 
-export const migrations = [Orders1764414000000, OrderLifecycle1764414100000, IdempotencyKeys1764414200000, SubmitTokens1764414300000];
+export const migrations = [Orders1764414000000, OrderLifecycle1764414100000, IdempotencyKeys1764414200000, SubmitTokens1764414300000, PspSandbox1764414500000];
