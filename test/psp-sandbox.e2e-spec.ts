@@ -268,7 +268,6 @@ describe('psp sandbox (/psp)', () => {
       const body = chargeBody('tok_nope');
       const res = await postCharge(key, body);
       expectProblem(res, 400, 'psp-unknown-source');
-      expect(res.body.failureCode).toBe('invalid_source');
       for (const source of ['toString', '__proto__', 'constructor']) expectProblem(await postCharge(randomUUID(), chargeBody(source)), 400, 'psp-unknown-source');
       expect(await chargesOfPayment(body.metadata.paymentId)).toBe(0);
       expect(await keyRows(key)).toBe(0);

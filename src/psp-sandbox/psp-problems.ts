@@ -7,9 +7,7 @@ export const pspUnavailable = () =>
   ProblemException.of(503, 'psp-unavailable', 'Provider unavailable', 'The provider could not process the request; nothing was recorded. Retry with the same Idempotency-Key.');
 
 export const unknownSource = (source: string) =>
-  ProblemException.of(400, 'psp-unknown-source', 'Unknown payment source', `${JSON.stringify(source.slice(0, 64))} is not a test token; use one of ${TEST_TOKEN_NAMES.join(', ')}.`, {
-    failureCode: 'invalid_source',
-  });
+  ProblemException.of(400, 'psp-unknown-source', 'Unknown payment source', `${JSON.stringify(source.slice(0, 64))} is not a test token; use one of ${TEST_TOKEN_NAMES.join(', ')}.`);
 
 export const keyMissing = () =>
   ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'The provider requires an Idempotency-Key header on every charge and refund.');
@@ -41,7 +39,6 @@ export const PSP_PROBLEMS = {
       title: 'Unknown payment source',
       status: 400,
       detail: '"tok_nope" is not a test token; use one of tok_visa, tok_chargeDeclined, ….',
-      failureCode: 'invalid_source',
     },
   },
   keyReused: {
@@ -61,7 +58,8 @@ export const PSP_PROBLEMS = {
   },
   refundRefused: {
     status: 422,
-    description: 'The amount exceeds what remains refundable, the charge failed, or the Idempotency-Key was used with another body. Nothing recorded.',
-    example: { type: 'urn:idempotent-orders:problem:psp-refund-exceeds-charge', title: 'Refund exceeds the charge', status: 422, detail: 'Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable.', remainingMinor: 500 },
+    description:
+      'The amount exceeds what remains refundable (the problem then carries remainingMinor), the charge failed, or the Idempotency-Key was used with another body. Nothing recorded.',
+    example: { type: 'urn:idempotent-orders:problem:psp-refund-exceeds-charge', title: 'Refund exceeds the charge', status: 422, detail: 'Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable.' },
   },
 } satisfies Record<string, ProblemExample>;
