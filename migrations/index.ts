@@ -4,6 +4,7 @@ import { OrderLifecycle1764414100000 } from './1764414100000-order-lifecycle.js'
 import { IdempotencyKeys1764414200000 } from './1764414200000-idempotency-keys.js';
 import { SubmitTokens1764414300000 } from './1764414300000-submit-tokens.js';
 import { OrderCreationDigest1764414400000 } from './1764414400000-order-creation-digest.js';
+import { PspSandbox1764414500000 } from './1764414500000-psp-sandbox.js';
 import { Payments1764414600000 } from './1764414600000-payments.js';
 
 export const migrations = [
@@ -12,5 +13,6 @@ export const migrations = [
   IdempotencyKeys1764414200000,
   SubmitTokens1764414300000,
   OrderCreationDigest1764414400000,
+  PspSandbox1764414500000,
   Payments1764414600000,
 ];

@@ -15,6 +15,7 @@ import { HealthModule } from './health/health.module.js';
 import { IdempotencyModule } from './idempotency/idempotency.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
 import { OrdersModule } from './orders/orders.module.js';
+import { PspSandboxModule } from './psp-sandbox/psp-sandbox.module.js';
 import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
 
 /** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
@@ -78,6 +79,8 @@ export class AppModule {
         IdempotencyModule,
         OrdersModule,
         SubmitTokensModule,
+        // The sandbox provider, in-process, only when no real (or standalone) provider is configured.
+        ...(config.pspBaseUrl ? [] : [PspSandboxModule.forRoot({ databaseUrl, timeoutMs: config.pspTimeoutMs })]),
       ],
       providers: [
         { provide: APP_GUARD, useClass: ApiKeyGuard },

@@ -1,0 +1,122 @@
+/**
+ * `npm run psp`: the sandbox provider alone, as its own process — a stand-in for a remote provider.
+ * Point the service at it with PSP_BASE_URL=http://localhost:4000/psp.
+ *   PSP_PORT (4000) · DATABASE_URL (unset → an embedded PostgreSQL of its own) · PSP_TIMEOUT_MS (2000)
+ */
+import 'reflect-metadata';
+import { Module, ValidationPipe } from '@nestjs/common';
+import { APP_FILTER, NestFactory } from '@nestjs/core';
+import type { NestExpressApplication } from '@nestjs/platform-express';
+import type { NextFunction, Request, Response } from 'express';
+import { DataSource } from 'typeorm';
+import { ProblemFilter } from '../common/problem.filter.js';
+import { ProblemException } from '../common/problem.js';
+import { ConfigError, loadConfig } from '../config/app-config.js';
+import { applyMigrations } from '../database/apply-migrations.js';
+import { openDatabaseServer } from '../database/database-server.js';
+import { typeormOptions } from '../database/typeorm-options.js';
+import { BODY_LIMIT, bodyDefect, MAX_JSON_DEPTH, validationProblem } from '../http-app.js';
+import { PspSandboxModule } from './psp-sandbox.module.js';
+
+const DEFAULT_PORT = 4000;
+// Not the service's embedded server (.data/postgres on 54329): both may run at once, and a second
+// start on one data folder would stop the first's PostgreSQL as an orphan.
+const DEFAULT_EMBEDDED_DIR = '.data/psp-postgres';
+const DEFAULT_EMBEDDED_PORT = '54339';
+const SHUTDOWN_DEADLINE_MS = 10_000;
+
+function pspPort(raw: string | undefined): number {
+  if (raw === undefined || raw === '') return DEFAULT_PORT;
+  if (!/^\d+$/.test(raw.trim()) || Number(raw) > 65535) throw new ConfigError('PSP_PORT', 'must be a whole number from 0 to 65535', raw);
+  return Number(raw);
+}
+
+/** The service's parsing and error words for what both read (DATABASE_URL, PSP_TIMEOUT_MS, EMBEDDED_PG_*, LOG_LEVEL). */
+function sandboxConfig() {
+  return loadConfig({
+    ...process.env,
+    EMBEDDED_PG_DIR: process.env.EMBEDDED_PG_DIR || DEFAULT_EMBEDDED_DIR,
+    EMBEDDED_PG_PORT: process.env.EMBEDDED_PG_PORT || DEFAULT_EMBEDDED_PORT,
+    // The sandbox authenticates nobody; loadConfig insists on API_KEYS with DATABASE_URL to protect the service, which is not running here.
+    API_KEYS: process.env.API_KEYS || 'psp-sandbox:the-sandbox-takes-no-api-key',
+  });
+}
+
+/** As the service does (http-app.ts): a body that is not JSON is a 415, an unsafe JSON one a 400, before anything reads it. */
+function refuseUnreadableBodies(req: Request, _res: Response, next: NextFunction): void {
+  const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
+  if (hasBody && !req.is('application/json') && !req.is('application/*+json')) {
+    next(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
+    return;
+  }
+  next();
+}
+
+function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
+  const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
+  next(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
+}
+
+async function bootstrap(): Promise<void> {
+  const config = sandboxConfig();
+  const port = pspPort(process.env.PSP_PORT);
+  const database = await openDatabaseServer(config, () => undefined);
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.removeAllListeners(signal);
+
+  // The same migrations as the service, the same way (advisory lock; a pool of 2: the lock holds one).
+  const dataSource = new DataSource(typeormOptions(database.url, { lockTimeoutMs: 60_000, poolSize: 2 }));
+  await dataSource.initialize();
+  let applied: string[];
+  try {
+    applied = await applyMigrations(dataSource);
+  } finally {
+    await dataSource.destroy();
+  }
+
+  @Module({
+    imports: [PspSandboxModule.forRoot({ databaseUrl: database.url, timeoutMs: config.pspTimeoutMs })],
+    providers: [{ provide: APP_FILTER, useClass: ProblemFilter }],
+  })
+  class PspStandaloneModule {}
+
+  const app = await NestFactory.create<NestExpressApplication>(PspStandaloneModule, { bodyParser: false, logger: ['error', 'warn'] });
+  app.disable('x-powered-by');
+  app.set('etag', false);
+  app.use(refuseUnreadableBodies);
+  app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
+  app.use(refuseUnsafeJson);
+  app.useGlobalPipes(new ValidationPipe({ whitelist: true, forbidNonWhitelisted: true, transform: true, forbidUnknownValues: true, exceptionFactory: validationProblem }));
+  await app.listen(port);
+  const { port: bound } = app.getHttpServer().address() as { port: number };
+  console.log(
+    [
+      `psp-sandbox (dev/test only) listening on http://localhost:${bound}/psp`,
+      `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir}` : 'DATABASE_URL'}` + (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
+      `  point the service at it: PSP_BASE_URL=http://localhost:${bound}/psp`,
+    ].join('\n'),
+  );
+
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    console.log(`${signal}: stopping`);
+    setTimeout(() => process.exit(1), SHUTDOWN_DEADLINE_MS).unref();
+    app
+      .close()
+      .then(() => database.stop())
+      .then(
+        () => process.exit(0),
+        (err: unknown) => {
+          console.error('shutdown failed', err);
+          process.exit(1);
+        },
+      );
+  };
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => stop(signal));
+}
+
+bootstrap().catch((err: unknown) => {
+  console.error(err instanceof ConfigError ? err.message : err);
+  process.exit(1);
+});

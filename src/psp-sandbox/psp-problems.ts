@@ -1,0 +1,65 @@
+import type { ProblemExample } from '../common/api-problem-responses.js';
+import { ProblemException } from '../common/problem.js';
+import { TEST_TOKEN_NAMES } from './test-tokens.js';
+
+/** The sandbox's refusals. Its 503s carry no Retry-After: a client must choose its own backoff (DESIGN §3.5). */
+export const pspUnavailable = () =>
+  ProblemException.of(503, 'psp-unavailable', 'Provider unavailable', 'The provider could not process the request; nothing was recorded. Retry with the same Idempotency-Key.');
+
+export const unknownSource = (source: string) =>
+  ProblemException.of(400, 'psp-unknown-source', 'Unknown payment source', `${JSON.stringify(source.slice(0, 64))} is not a test token; use one of ${TEST_TOKEN_NAMES.join(', ')}.`);
+
+export const keyMissing = () =>
+  ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'The provider requires an Idempotency-Key header on every charge and refund.');
+
+export const keyReused = () =>
+  ProblemException.of(422, 'psp-idempotency-key-reused', 'Idempotency-Key is already used', 'This key was first used for a different request; use a new key for a new request. Nothing was recorded.');
+
+export const chargeNotFound = (chargeId: string) => ProblemException.of(404, 'psp-charge-not-found', 'Charge not found', `There is no charge ${chargeId}.`);
+
+export const chargeNotRefundable = (chargeId: string) =>
+  ProblemException.of(422, 'psp-charge-not-refundable', 'Charge cannot be refunded', `Charge ${chargeId} failed: it took no money to give back.`);
+
+export const refundExceedsCharge = (chargeId: string, remainingMinor: number) =>
+  ProblemException.of(422, 'psp-refund-exceeds-charge', 'Refund exceeds the charge', `Only ${remainingMinor} of charge ${chargeId} remains refundable.`, { remainingMinor });
+
+/** A lookup with no filter would list every charge: refused like any other invalid query. */
+export const lookupNeedsFilter = (fields: [string, string]) =>
+  ProblemException.of(400, 'validation-failed', 'Validation failed', `Give ${fields.join(' or ')}.`, {
+    errors: fields.map((field) => ({ field, messages: [`${fields.join(' or ')} is required`] })),
+  });
+
+/** For the OpenAPI document. */
+export const PSP_PROBLEMS = {
+  validation: {
+    status: 400,
+    description: 'Invalid body, missing or malformed Idempotency-Key, or an unknown test token. Nothing recorded.',
+    example: {
+      type: 'urn:idempotent-orders:problem:psp-unknown-source',
+      title: 'Unknown payment source',
+      status: 400,
+      detail: '"tok_nope" is not a test token; use one of tok_visa, tok_chargeDeclined, ….',
+    },
+  },
+  keyReused: {
+    status: 422,
+    description: 'The same Idempotency-Key with another body. Nothing recorded.',
+    example: { type: 'urn:idempotent-orders:problem:psp-idempotency-key-reused', title: 'Idempotency-Key is already used', status: 422, detail: 'This key was first used for a different request; use a new key for a new request. Nothing was recorded.' },
+  },
+  unavailable: {
+    status: 503,
+    description: 'tok_unavailable always, tok_flaky on the first 2 attempts per key. Nothing recorded; no Retry-After.',
+    example: { type: 'urn:idempotent-orders:problem:psp-unavailable', title: 'Provider unavailable', status: 503, detail: 'The provider could not process the request; nothing was recorded. Retry with the same Idempotency-Key.' },
+  },
+  chargeNotFound: {
+    status: 404,
+    description: 'No such charge.',
+    example: { type: 'urn:idempotent-orders:problem:psp-charge-not-found', title: 'Charge not found', status: 404, detail: 'There is no charge ch_5f0c3e2a1b9d8c7e6f5a4b3c.' },
+  },
+  refundRefused: {
+    status: 422,
+    description:
+      'The amount exceeds what remains refundable (the problem then carries remainingMinor), the charge failed, or the Idempotency-Key was used with another body. Nothing recorded.',
+    example: { type: 'urn:idempotent-orders:problem:psp-refund-exceeds-charge', title: 'Refund exceeds the charge', status: 422, detail: 'Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable.' },
+  },
+} satisfies Record<string, ProblemExample>;

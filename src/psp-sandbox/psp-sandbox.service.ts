@@ -1,0 +1,239 @@
+import { Inject, Injectable } from '@nestjs/common';
+import { randomBytes } from 'node:crypto';
+import { fingerprintRequest } from '../idempotency/request-fingerprint.js';
+import type { CreateChargeDto } from './dto/create-charge.dto.js';
+import type { CreateRefundDto } from './dto/create-refund.dto.js';
+import type { PspChargeView } from './dto/psp-charge.view.js';
+import type { PspRefundView } from './dto/psp-refund.view.js';
+import { chargeNotFound, chargeNotRefundable, keyReused, pspUnavailable, refundExceedsCharge, unknownSource } from './psp-problems.js';
+import { SandboxDatabase, type SandboxClient } from './sandbox-database.js';
+import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
+import { answerDelayMs, FLAKY_FAILURES, type TestToken, testToken } from './test-tokens.js';
+
+
+/** What to send: the recorded status and body, byte for byte, after `delayMs`. */
+export interface ProviderAnswer {
+  status: number;
+  body: string;
+  replayed: boolean;
+  delayMs: number;
+}
+
+interface StoredKey {
+  fingerprint: string;
+  response_status: number;
+  response_body: string;
+}
+
+interface ChargeRow {
+  id: string;
+  status: 'succeeded' | 'failed';
+  amount_minor: string;
+  currency: string;
+  source: string;
+  failure_code: string | null;
+  order_id: string;
+  payment_id: string;
+  created_at: Date;
+}
+
+interface RefundRow {
+  id: string;
+  status: 'succeeded' | 'failed';
+  charge_id: string;
+  amount_minor: string;
+  failure_code: string | null;
+  refund_id: string;
+  payment_id: string;
+  created_at: Date;
+}
+
+const CHARGE_COLUMNS = 'id, status, amount_minor, currency, source, failure_code, order_id, payment_id, created_at';
+const REFUND_COLUMNS = 'id, status, charge_id, amount_minor, failure_code, refund_id, payment_id, created_at';
+
+/** `pg` returns BIGINT as a string; the CHECKs keep every amount within 2^53, so Number is exact. */
+export function chargeView(row: ChargeRow): PspChargeView {
+  return {
+    id: row.id,
+    status: row.status,
+    amountMinor: Number(row.amount_minor),
+    currency: row.currency,
+    source: row.source,
+    failureCode: row.failure_code,
+    metadata: { orderId: row.order_id, paymentId: row.payment_id },
+    createdAt: row.created_at.toISOString(),
+  };
+}
+
+export function refundView(row: RefundRow): PspRefundView {
+  return {
+    id: row.id,
+    status: row.status,
+    chargeId: row.charge_id,
+    amountMinor: Number(row.amount_minor),
+    failureCode: row.failure_code,
+    metadata: { refundId: row.refund_id, paymentId: row.payment_id },
+    createdAt: row.created_at.toISOString(),
+  };
+}
+
+/** "ch_…" / "re_…" + 96 random bits: unguessable, and never repeated in practice. */
+const newId = (prefix: 'ch' | 're') => `${prefix}_${randomBytes(12).toString('hex')}`;
+
+/**
+ * The provider's side of a charge or refund, done the way a real provider does it: the key, the
+ * effect and the answer are committed in ONE transaction before anything is sent, so a retry of
+ * the key — concurrent or days later — gets that same answer and never a second effect.
+ */
+@Injectable()
+export class PspSandboxService {
+  constructor(
+    private readonly db: SandboxDatabase,
+    @Inject(SANDBOX_OPTIONS) private readonly options: SandboxOptions,
+  ) {}
+
+  async createCharge(key: string, body: CreateChargeDto): Promise<ProviderAnswer> {
+    const token = testToken(body.source);
+    if (!token) throw unknownSource(body.source);
+    await this.injectFailures(token, key);
+    const fingerprint = fingerprintRequest('POST', '/psp/charges', body);
+    const declined = token.charge === 'declined';
+    const charge: PspChargeView = {
+      id: newId('ch'),
+      status: declined ? 'failed' : 'succeeded',
+      amountMinor: body.amountMinor,
+      currency: body.currency,
+      source: body.source,
+      failureCode: declined ? 'card_declined' : null,
+      metadata: { orderId: body.metadata.orderId, paymentId: body.metadata.paymentId },
+      createdAt: new Date().toISOString(),
+    };
+    const answer = { status: declined ? 402 : 201, body: JSON.stringify(charge) };
+    const stored = await this.db.transaction(async (client) => {
+      const existing = await this.claimKey(client, key, fingerprint, answer);
+      if (existing) return existing;
+      await client.query(
+        `INSERT INTO psp.charges (id, idempotency_key, status, amount_minor, currency, source, failure_code, order_id, payment_id, created_at)
+         VALUES ($1, $2, $3, $4::bigint, $5, $6, $7, $8::uuid, $9::uuid, $10::timestamptz)`,
+        [charge.id, key, charge.status, charge.amountMinor, charge.currency, charge.source, charge.failureCode, charge.metadata.orderId, charge.metadata.paymentId, charge.createdAt],
+      );
+      // Webhooks (a later issue): the outbox event (charge.succeeded / charge.failed) is inserted here, in this transaction.
+      return undefined;
+    });
+    return this.answer(stored ?? { ...answer, replayed: false }, fingerprint, token);
+  }
+
+  async createRefund(key: string, body: CreateRefundDto): Promise<ProviderAnswer> {
+    const [charge] = await this.db.query<{ status: string; source: string }>(`SELECT status, source FROM psp.charges WHERE id = $1`, [body.chargeId]);
+    if (!charge) throw chargeNotFound(body.chargeId);
+    // A refund inherits its charge's token: its outcome and its faults. Recorded charges only carry known tokens.
+    const token = testToken(charge.source)!;
+    await this.injectFailures(token, key);
+    const fingerprint = fingerprintRequest('POST', '/psp/refunds', body);
+    const declined = token.refund === 'declined';
+    const refund: PspRefundView = {
+      id: newId('re'),
+      status: declined ? 'failed' : 'succeeded',
+      chargeId: body.chargeId,
+      amountMinor: body.amountMinor,
+      failureCode: declined ? 'refund_declined' : null,
+      metadata: { refundId: body.metadata.refundId, paymentId: body.metadata.paymentId },
+      createdAt: new Date().toISOString(),
+    };
+    const answer = { status: declined ? 402 : 201, body: JSON.stringify(refund) };
+    const stored = await this.db.transaction(async (client) => {
+      // The key first: a replay answers as before even when nothing remains to refund now.
+      const existing = await this.claimKey(client, key, fingerprint, answer);
+      if (existing) return existing;
+      // One conditional UPDATE reserves the amount, under the charge's row lock: parallel refunds
+      // queue on it and each re-checks the WHERE against the committed total, so together they can
+      // never exceed the charge (the CHECK on refunded_minor is the backstop). A declined refund
+      // takes nothing but is still refused when it asks for more than remains.
+      const reserved = await client.query(
+        `UPDATE psp.charges SET refunded_minor = refunded_minor + CASE WHEN $3::boolean THEN $2::bigint ELSE 0 END
+         WHERE id = $1 AND status = 'succeeded' AND refunded_minor + $2::bigint <= amount_minor`,
+        [body.chargeId, body.amountMinor, !declined],
+      );
+      if (reserved.rowCount === 0) {
+        // Throwing rolls the key claim back: a refused refund records nothing.
+        const [now] = (await client.query<{ status: string; remaining: string }>(`SELECT status, amount_minor - refunded_minor AS remaining FROM psp.charges WHERE id = $1`, [body.chargeId])).rows;
+        if (now.status !== 'succeeded') throw chargeNotRefundable(body.chargeId);
+        throw refundExceedsCharge(body.chargeId, Number(now.remaining));
+      }
+      await client.query(
+        `INSERT INTO psp.refunds (id, idempotency_key, charge_id, status, amount_minor, failure_code, refund_id, payment_id, created_at)
+         VALUES ($1, $2, $3, $4, $5::bigint, $6, $7::uuid, $8::uuid, $9::timestamptz)`,
+        [refund.id, key, refund.chargeId, refund.status, refund.amountMinor, refund.failureCode, refund.metadata.refundId, refund.metadata.paymentId, refund.createdAt],
+      );
+      // Webhooks (a later issue): the outbox event (refund.succeeded / refund.failed) is inserted here, in this transaction.
+      return undefined;
+    });
+    return this.answer(stored ?? { ...answer, replayed: false }, fingerprint, token);
+  }
+
+  async findCharges(filter: { orderId?: string; paymentId?: string }): Promise<PspChargeView[]> {
+    const rows = await this.db.query<ChargeRow>(
+      `SELECT ${CHARGE_COLUMNS} FROM psp.charges
+       WHERE ($1::uuid IS NULL OR order_id = $1::uuid) AND ($2::uuid IS NULL OR payment_id = $2::uuid)
+       ORDER BY created_at, id`,
+      [filter.orderId ?? null, filter.paymentId ?? null],
+    );
+    return rows.map(chargeView);
+  }
+
+  async findRefunds(filter: { chargeId?: string; refundId?: string }): Promise<PspRefundView[]> {
+    const rows = await this.db.query<RefundRow>(
+      `SELECT ${REFUND_COLUMNS} FROM psp.refunds
+       WHERE ($1::text IS NULL OR charge_id = $1::text) AND ($2::uuid IS NULL OR refund_id = $2::uuid)
+       ORDER BY created_at, id`,
+      [filter.chargeId ?? null, filter.refundId ?? null],
+    );
+    return rows.map(refundView);
+  }
+
+  /** 503 for the tokens that fail before anything is recorded. tok_flaky counts its attempts per key durably and atomically. */
+  private async injectFailures(token: TestToken, key: string): Promise<void> {
+    if (token.fault === 'unavailable') throw pspUnavailable();
+    if (token.fault !== 'flaky') return;
+    const [{ attempts }] = await this.db.query<{ attempts: number }>(
+      `INSERT INTO psp.fault_attempts (idempotency_key, attempts) VALUES ($1, 1)
+       ON CONFLICT (idempotency_key) DO UPDATE SET attempts = psp.fault_attempts.attempts + 1
+       RETURNING attempts`,
+      [key],
+    );
+    if (attempts <= FLAKY_FAILURES) throw pspUnavailable();
+  }
+
+  /**
+   * Claims `key` with the answer this request will give, or returns the answer already recorded.
+   * INSERT … ON CONFLICT, never check-then-insert: a concurrent request with the same key blocks
+   * on this row until the first transaction ends, then finds it committed and replays it.
+   */
+  private async claimKey(client: SandboxClient, key: string, fingerprint: string, answer: { status: number; body: string }) {
+    const claimed = await client.query(
+      `INSERT INTO psp.idempotency_keys (key, fingerprint, response_status, response_body) VALUES ($1, $2, $3, $4)
+       ON CONFLICT (key) DO NOTHING`,
+      [key, fingerprint, answer.status, answer.body],
+    );
+    if (claimed.rowCount === 1) return undefined;
+    // A new statement: in READ COMMITTED it sees the row the conflicting transaction committed.
+    const [stored] = (await client.query<StoredKey>(`SELECT fingerprint, response_status, response_body FROM psp.idempotency_keys WHERE key = $1`, [key])).rows;
+    if (!stored) throw new Error(`psp idempotency key ${key} conflicted but cannot be read`);
+    return { status: stored.response_status, body: stored.response_body, replayed: true, fingerprint: stored.fingerprint };
+  }
+
+  private answer(
+    recorded: { status: number; body: string; replayed: boolean; fingerprint?: string },
+    fingerprint: string,
+    token: TestToken,
+  ): ProviderAnswer {
+    // Same key, other request: refused, and nothing of this request was written.
+    if (recorded.fingerprint !== undefined && recorded.fingerprint !== fingerprint) throw keyReused();
+    return {
+      status: recorded.status,
+      body: recorded.body,
+      replayed: recorded.replayed,
+      delayMs: answerDelayMs(token.fault, !recorded.replayed, this.options.timeoutMs),
+    };
+  }
+}

@@ -1,0 +1,78 @@
+import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
+import pg from 'pg';
+import { ProblemException } from '../common/problem.js';
+import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
+
+/**
+ * A few connections are plenty for a stand-in; being its own pool means the provider can never
+ * take a connection the service's requests are waiting for, and its writes never join the
+ * service's transactions (the service's Database carries those with AsyncLocalStorage).
+ */
+const POOL_SIZE = 5;
+/** A provider that cannot get a connection this fast answers 503, as an overloaded one would. */
+const CONNECT_WAIT_MS = 5_000;
+
+export type SandboxClient = Pick<pg.PoolClient, 'query'>;
+
+/** The sandbox's own `pg` pool on the service's database: raw SQL in the `psp` schema. */
+@Injectable()
+export class SandboxDatabase implements OnApplicationShutdown {
+  private readonly logger = new Logger('PspSandbox');
+  private readonly pool: pg.Pool;
+
+  constructor(@Inject(SANDBOX_OPTIONS) options: SandboxOptions) {
+    this.pool = new pg.Pool({
+      connectionString: options.databaseUrl,
+      max: POOL_SIZE,
+      connectionTimeoutMillis: CONNECT_WAIT_MS,
+      // A duplicate waits on the first request's key row for at most lock_timeout (then 409, which clients retry).
+      options: '-c lock_timeout=10000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000',
+      application_name: 'psp-sandbox',
+    });
+    // An idle connection that breaks (a database restart) emits here; unheard, it would crash the process.
+    this.pool.on('error', (err) => this.logger.warn(`idle sandbox connection failed: ${err.message}`));
+  }
+
+  async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
+    const client = await this.connect();
+    try {
+      return (await client.query(sql, params)).rows as T[];
+    } finally {
+      client.release();
+    }
+  }
+
+  /** Runs `fn` in one transaction on one connection; commits when it resolves, rolls back when it throws. */
+  async transaction<T>(fn: (client: SandboxClient) => Promise<T>): Promise<T> {
+    const client = await this.connect();
+    let reusable = true;
+    try {
+      await client.query('BEGIN');
+      const result = await fn(client);
+      await client.query('COMMIT');
+      return result;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => (reusable = false));
+      throw err;
+    } finally {
+      client.release(!reusable);
+    }
+  }
+
+  private async connect(): Promise<pg.PoolClient> {
+    try {
+      return await this.pool.connect();
+    } catch (err) {
+      // pg-pool's words for connectionTimeoutMillis; anything else is a real connection failure (500).
+      if (err instanceof Error && err.message === 'timeout exceeded when trying to connect') {
+        throw ProblemException.of(503, 'psp-overloaded', 'Provider overloaded', 'The sandbox provider is busy; retry shortly.');
+      }
+      throw err;
+    }
+  }
+
+  /** After the HTTP server has stopped, so requests in flight finish their transactions first. */
+  async onApplicationShutdown(): Promise<void> {
+    await this.pool.end();
+  }
+}

@@ -1,0 +1,20 @@
+import { answerDelayMs, testToken } from './test-tokens.js';
+
+describe('sandbox test tokens', () => {
+  it('holds back answers as DESIGN §3.5 says', () => {
+    expect(answerDelayMs('timeout', true, 200)).toBe(600);
+    expect(answerDelayMs('timeout', false, 200)).toBe(0);
+    expect(answerDelayMs('lost', true, 200)).toBe(600);
+    expect(answerDelayMs('lost', false, 200)).toBe(600);
+    expect(answerDelayMs('slow', false, 200)).toBe(100);
+    expect(answerDelayMs('none', true, 200)).toBe(0);
+    expect(answerDelayMs('flaky', true, 200)).toBe(0);
+  });
+
+  it('knows only its own tokens, not inherited object members', () => {
+    expect(testToken('tok_visa')?.charge).toBe('succeeded');
+    expect(testToken('toString')).toBeUndefined();
+    expect(testToken('__proto__')).toBeUndefined();
+    expect(testToken('tok_mastercard')).toBeUndefined();
+  });
+});
