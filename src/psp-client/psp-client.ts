@@ -232,6 +232,11 @@ export class PspClient {
     try {
       const result = await wrap(breaker.policy, retryPolicy, this.timeout).execute(async ({ signal }): Promise<AttemptResult> => {
         if (stopReason) return { kind: 'skipped', verdict: 'unknown' };
+        // Again at the start, as other calls may have opened the breaker while this one waited out a Retry-After.
+        if (attempts > 0 && breaker.isOpen) {
+          stopReason = `the ${breaker.name} breaker opened while retrying`;
+          return { kind: 'skipped', verdict: 'unknown' };
+        }
         // Also here, not only in the backoff: a call can wait for a half-open probe before its first attempt.
         if (!attemptFits(Date.now(), deadline, timeoutMs)) {
           stopReason = 'the deadline leaves no time for another attempt';
