@@ -237,7 +237,7 @@ export class PspClient {
           stopReason = `the ${breaker.name} breaker opened while retrying`;
           return { kind: 'skipped', verdict: 'unknown' };
         }
-        // Also here, not only in the backoff: a call can wait for a half-open probe before its first attempt.
+        // Also here, not only in the plan: a late timer or a busy event loop can start the attempt later than planned.
         if (!attemptFits(Date.now(), deadline, timeoutMs)) {
           stopReason = 'the deadline leaves no time for another attempt';
           return { kind: 'skipped', verdict: 'unknown' };
