@@ -1,21 +1,326 @@
-// TEMPORARY STUB (lead's branch): replaced by the real client on merge.
-import { Injectable } from '@nestjs/common';
-export interface PspCharge { id: string; status: 'succeeded' | 'failed'; amountMinor: number; currency: string; source: string; failureCode: string | null; metadata: { orderId: string; paymentId: string }; createdAt: string }
-export interface PspRefund { id: string; status: 'succeeded' | 'failed'; chargeId: string; amountMinor: number; failureCode: string | null; metadata: { refundId: string; paymentId: string }; createdAt: string }
+import { Logger } from '@nestjs/common';
+import {
+  DelegateBackoff,
+  ExponentialBackoff,
+  handleWhenResult,
+  type IBackoff,
+  type IRetryBackoffContext,
+  isBrokenCircuitError,
+  retry,
+  timeout,
+  TimeoutStrategy,
+  type TimeoutPolicy,
+  wrap,
+} from 'cockatiel';
+import { type AttemptResult, describeAttempt, isRetryable, judgeLookup, judgeWrite, lookupItems } from './attempt-result.js';
+import { type BreakerCheck, PspBreaker } from './psp-breaker.js';
+import { type PspCallOutcome, PspClientMetrics, type PspOperation } from './psp-client-metrics.js';
+import { BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, LOOKUP_BACKOFF_BUDGET_MS, type PspClientOptions } from './psp-client-options.js';
+import { PspUnreachableError } from './psp-unreachable.error.js';
+import { type ChargeRequest, isPspCharge, isPspRefund, problemDetail, type PspCharge, type PspRefund, type RefundRequest } from './psp-wire.js';
+import { parseRetryAfter } from './retry-after.js';
+import { attemptFits, planRetry } from './retry-plan.js';
+
+export type { ChargeRequest, PspCharge, PspRefund, RefundRequest } from './psp-wire.js';
+export { PspUnreachableError } from './psp-unreachable.error.js';
+
 export type PspCallResult<T> =
-  | { kind: 'succeeded'; value: T }
-  | { kind: 'declined'; value: T }
-  | { kind: 'refused'; status: number; detail: string }
-  | { kind: 'unknown'; reason: string }
-  | { kind: 'breaker-open'; retryAfterSeconds: number };
-export interface ChargeRequest { amountMinor: number; currency: string; source: string; metadata: { orderId: string; paymentId: string } }
-export interface RefundRequest { chargeId: string; amountMinor: number; metadata: { refundId: string; paymentId: string } }
-export class PspUnreachableError extends Error {}
-@Injectable()
+  | { kind: 'succeeded'; value: T } // 201 from the provider
+  | { kind: 'declined'; value: T } // 402 with a recorded failed charge/refund
+  | { kind: 'refused'; status: number; detail: string } // 400/404/422: the provider refused the request itself; nothing recorded there
+  | { kind: 'unknown'; reason: string } // timeouts, network errors, 409/429/5xx after every attempt, deadline reached, breaker opened mid-way. MAY have been charged.
+  | { kind: 'breaker-open'; retryAfterSeconds: number }; // not called at all (breaker open before the first attempt)
+
+/** An outbound Idempotency-Key: visible ASCII, as an HTTP header value must be, and short enough for any provider. */
+const OUTBOUND_KEY = /^[\x21-\x7e]{1,255}$/;
+
+interface OutboundRequest {
+  operation: PspOperation;
+  method: 'GET' | 'POST';
+  url: string;
+  /** Serialised once, so every attempt sends the same bytes under the same key (the provider compares them). */
+  body?: string;
+  outboundKey?: string;
+  judge: (status: number, body: unknown) => AttemptResult['verdict'];
+}
+
+/** How a logical call ended, before it is mapped to what the caller sees. */
+type CallEnd =
+  | { kind: 'breaker-open'; retryAfterSeconds: number }
+  | { kind: 'no-time' }
+  | { kind: 'failed'; error: unknown }
+  | { kind: 'answered'; result: AttemptResult; attempts: number; last: AttemptResult | undefined; stopReason: string | undefined };
+
+/**
+ * The outbound client to the payment provider (DESIGN §3.7): `wrap(breaker, retry, timeout)` from
+ * cockatiel around one fetch per attempt, every attempt carrying the same Idempotency-Key, so a
+ * retry can only ever find the charge the first attempt made, never make a second one.
+ *
+ * Refunds share the charges breaker: both are writes to the same provider API, so an outage shows
+ * in either and should stop both; one breaker sees all write traffic and opens sooner, and the
+ * payments module can check `chargeBreakerOpen()` before reserving a refund as it does before a
+ * charge. Lookups have their own, so the reconciler can still ask while writes are failing.
+ */
 export class PspClient {
-  createCharge(_b: ChargeRequest, _k: string, _d: number): Promise<PspCallResult<PspCharge>> { throw new Error('stub'); }
-  createRefund(_b: RefundRequest, _k: string, _d: number): Promise<PspCallResult<PspRefund>> { throw new Error('stub'); }
-  findChargesByPayment(_p: string): Promise<PspCharge[]> { throw new Error('stub'); }
-  findRefundsByRefund(_r: string): Promise<PspRefund[]> { throw new Error('stub'); }
-  chargeBreakerOpen(): { open: true; retryAfterSeconds: number } | { open: false } { return { open: false }; }
+  private readonly logger = new Logger('PspClient');
+  private readonly writes: PspBreaker;
+  private readonly lookups: PspBreaker;
+  /**
+   * Cooperative: the timeout aborts the attempt's signal, fetch rejects (connect, headers or body)
+   * and the attempt returns a `timeout` result itself, so every attempt is logged and counted with
+   * what happened to it. The signal is also aborted when the attempt returns, which is why the body
+   * is read inside it.
+   */
+  private readonly timeout: TimeoutPolicy;
+  private readonly backoff: ExponentialBackoff<unknown>;
+
+  constructor(
+    private readonly options: PspClientOptions,
+    private readonly metrics: PspClientMetrics,
+  ) {
+    for (const name of ['timeoutMs', 'maxAttempts', 'breakerThreshold', 'breakerHalfOpenMs'] as const) {
+      if (!Number.isSafeInteger(options[name]) || options[name] < 1) throw new RangeError(`PspClient: ${name} must be a positive integer, got ${options[name]}`);
+    }
+    this.writes = new PspBreaker('charges', options.breakerHalfOpenMs, options.breakerThreshold);
+    this.lookups = new PspBreaker('lookups', options.breakerHalfOpenMs, options.breakerThreshold);
+    metrics.watch(this.writes);
+    metrics.watch(this.lookups);
+    this.timeout = timeout(options.timeoutMs, TimeoutStrategy.Cooperative);
+    this.backoff = new ExponentialBackoff({ initialDelay: options.backoffInitialMs ?? BACKOFF_INITIAL_MS, maxDelay: options.backoffMaxMs ?? BACKOFF_MAX_MS });
+  }
+
+  /** True when the charge breaker is open right now: the caller answers 503 provider-unavailable before writing anything. */
+  chargeBreakerOpen(): BreakerCheck {
+    return this.writes.check();
+  }
+
+  /** `deadline` (epoch ms): no attempt starts, and no Retry-After is waited out, that would end after it. */
+  createCharge(body: ChargeRequest, outboundKey: string, deadline: number): Promise<PspCallResult<PspCharge>> {
+    return this.write('charge', '/charges', body, outboundKey, deadline, isPspCharge);
+  }
+
+  createRefund(body: RefundRequest, outboundKey: string, deadline: number): Promise<PspCallResult<PspRefund>> {
+    return this.write('refund', '/refunds', body, outboundKey, deadline, isPspRefund);
+  }
+
+  /** Throws PspUnreachableError when the provider cannot be asked; [] means it has none. */
+  findChargesByPayment(paymentId: string): Promise<PspCharge[]> {
+    return this.lookup('lookup-charges', '/charges', { paymentId }, isPspCharge);
+  }
+
+  findRefundsByRefund(refundId: string): Promise<PspRefund[]> {
+    return this.lookup('lookup-refunds', '/refunds', { refundId }, isPspRefund);
+  }
+
+  private async write<T extends { status: string }>(
+    operation: 'charge' | 'refund',
+    path: string,
+    body: ChargeRequest | RefundRequest,
+    outboundKey: string,
+    deadline: number,
+    isRecord: (v: unknown) => v is T,
+  ): Promise<PspCallResult<T>> {
+    // Programming errors, not provider outcomes: fail loudly before anything is sent.
+    if (!OUTBOUND_KEY.test(outboundKey)) throw new TypeError(`PspClient.${operation}: outboundKey must be 1-255 visible ASCII characters`);
+    if (!Number.isFinite(deadline)) throw new TypeError(`PspClient.${operation}: deadline must be epoch milliseconds`);
+    const end = await this.call(this.writes, deadline, {
+      operation,
+      method: 'POST',
+      url: this.url(path),
+      body: JSON.stringify(body),
+      outboundKey,
+      judge: (status, parsed) => judgeWrite(status, parsed, isRecord),
+    });
+    const result = this.toWriteResult(end, isRecord);
+    this.metrics.calls.inc({ operation, outcome: result.kind });
+    const fields = { operation, outboundKey, outcome: result.kind, ...('reason' in result ? { reason: result.reason } : {}), ...('status' in result ? { status: result.status } : {}) };
+    if (result.kind === 'unknown' || result.kind === 'breaker-open') this.logger.warn(fields, 'psp call outcome unknown or not attempted');
+    else this.logger.log(fields, 'psp call answered');
+    return result;
+  }
+
+  private toWriteResult<T>(end: CallEnd, isRecord: (v: unknown) => v is T): PspCallResult<T> {
+    switch (end.kind) {
+      case 'breaker-open':
+        return { kind: 'breaker-open', retryAfterSeconds: end.retryAfterSeconds };
+      case 'no-time':
+        return { kind: 'unknown', reason: 'the deadline leaves no time for an attempt' };
+      case 'failed':
+        return { kind: 'unknown', reason: `unexpected error: ${errorMessage(end.error)}` };
+      case 'answered': {
+        const { result } = end;
+        if (result.kind === 'response' && result.verdict === 'definitive' && isRecord(result.body)) {
+          return { kind: result.status === 201 ? 'succeeded' : 'declined', value: result.body };
+        }
+        if (result.kind === 'response' && result.verdict === 'refused') {
+          return { kind: 'refused', status: result.status, detail: problemDetail(result.status, result.body) };
+        }
+        return { kind: 'unknown', reason: unknownReason(end) };
+      }
+    }
+  }
+
+  private async lookup<T>(operation: 'lookup-charges' | 'lookup-refunds', path: string, query: Record<string, string>, isItem: (v: unknown) => v is T): Promise<T[]> {
+    const url = new URL(this.url(path));
+    for (const [name, value] of Object.entries(query)) url.searchParams.set(name, value);
+    const deadline = Date.now() + this.options.maxAttempts * this.options.timeoutMs + LOOKUP_BACKOFF_BUDGET_MS;
+    const end = await this.call(this.lookups, deadline, {
+      operation,
+      method: 'GET',
+      url: url.href,
+      judge: (status, parsed) => judgeLookup(status, parsed, isItem),
+    });
+    if (end.kind === 'answered' && end.result.kind === 'response' && end.result.verdict === 'definitive') {
+      const items = lookupItems(end.result.body, isItem) as T[];
+      this.metrics.calls.inc({ operation, outcome: 'ok' });
+      this.logger.debug({ operation, query, found: items.length }, 'psp lookup answered');
+      return items;
+    }
+    const outcome: PspCallOutcome = end.kind === 'breaker-open' ? 'breaker-open' : 'unreachable';
+    const reason =
+      end.kind === 'breaker-open'
+        ? `lookups breaker open, retry in ${end.retryAfterSeconds} s`
+        : end.kind === 'failed'
+          ? `unexpected error: ${errorMessage(end.error)}`
+          : end.kind === 'no-time'
+            ? 'no time for an attempt'
+            : unknownReason(end);
+    this.metrics.calls.inc({ operation, outcome });
+    this.logger.warn({ operation, query, outcome, reason }, 'psp lookup could not be answered');
+    throw new PspUnreachableError(operation, reason);
+  }
+
+  /**
+   * One logical call: every attempt inside one breaker sample. The retry policy is built per call
+   * because its backoff reads this call's deadline and records why it stopped; the breaker and the
+   * timeout are shared.
+   */
+  private async call(breaker: PspBreaker, deadline: number, request: OutboundRequest): Promise<CallEnd> {
+    const check = breaker.check();
+    if (check.open) return { kind: 'breaker-open', retryAfterSeconds: check.retryAfterSeconds };
+    if (!attemptFits(Date.now(), deadline, this.options.timeoutMs)) return { kind: 'no-time' };
+
+    const { timeoutMs, maxAttempts } = this.options;
+    let attempts = 0;
+    let last: AttemptResult | undefined;
+    // Set by the backoff when the next attempt must not happen; the attempt then returns 'skipped'
+    // unsent. (cockatiel's retry cannot be told to stop from a backoff, so it waits 0 ms and asks.)
+    let stopReason: string | undefined;
+
+    const backoff = new DelegateBackoff<IRetryBackoffContext<unknown>, IBackoff<unknown> | undefined>((context, previous) => {
+      const jitter = previous ? previous.next(context) : this.backoff.next();
+      const result = 'value' in context.result ? (context.result.value as AttemptResult) : undefined;
+      const plan = breaker.isOpen
+        ? ({ retry: false, reason: `the ${breaker.name} breaker opened while retrying` } as const)
+        : planRetry({
+            now: Date.now(),
+            deadline,
+            timeoutMs,
+            backoffMs: jitter.duration,
+            retryAfterMs: result?.kind === 'response' ? result.retryAfterMs : undefined,
+          });
+      if (!plan.retry) {
+        stopReason = plan.reason;
+        return { delay: 0, state: jitter };
+      }
+      this.logger.log({ operation: request.operation, outboundKey: request.outboundKey, nextAttempt: attempts + 1, delayMs: Math.round(plan.delayMs) }, 'psp retry scheduled');
+      return { delay: plan.delayMs, state: jitter };
+    });
+    // cockatiel's maxAttempts counts retries, not attempts.
+    const retryPolicy = retry(handleWhenResult((r) => isRetryable(r as AttemptResult)), { maxAttempts: maxAttempts - 1, backoff });
+
+    try {
+      const result = await wrap(breaker.policy, retryPolicy, this.timeout).execute(async ({ signal }): Promise<AttemptResult> => {
+        if (stopReason) return { kind: 'skipped', verdict: 'unknown' };
+        // Again at the start, as other calls may have opened the breaker while this one waited out a Retry-After.
+        if (attempts > 0 && breaker.isOpen) {
+          stopReason = `the ${breaker.name} breaker opened while retrying`;
+          return { kind: 'skipped', verdict: 'unknown' };
+        }
+        // Also here, not only in the plan: a late timer or a busy event loop can start the attempt later than planned.
+        if (!attemptFits(Date.now(), deadline, timeoutMs)) {
+          stopReason = 'the deadline leaves no time for another attempt';
+          return { kind: 'skipped', verdict: 'unknown' };
+        }
+        attempts += 1;
+        last = await this.attempt(request, attempts, signal);
+        return last;
+      });
+      return { kind: 'answered', result, attempts, last, stopReason };
+    } catch (error) {
+      if (isBrokenCircuitError(error)) {
+        // Opened between our check and the call: still not called at all.
+        const now = breaker.check();
+        return { kind: 'breaker-open', retryAfterSeconds: now.open ? now.retryAfterSeconds : 1 };
+      }
+      this.logger.error({ operation: request.operation, outboundKey: request.outboundKey, err: error }, 'psp call failed unexpectedly');
+      return { kind: 'failed', error };
+    }
+  }
+
+  /** One HTTP exchange, body included, judged; never throws for what the network or the provider does. */
+  private async attempt(request: OutboundRequest, attempt: number, signal: AbortSignal): Promise<AttemptResult> {
+    const started = Date.now();
+    let result: AttemptResult;
+    try {
+      const headers: Record<string, string> = { accept: 'application/json' };
+      if (request.body !== undefined) headers['content-type'] = 'application/json';
+      if (request.outboundKey) headers['idempotency-key'] = request.outboundKey;
+      // redirect 'manual': a payment request is never re-sent to wherever a 3xx points; it is an unknown outcome.
+      const response = await fetch(request.url, { method: request.method, headers, body: request.body, signal, redirect: 'manual' });
+      const text = await response.text();
+      const body = parseJson(text);
+      result = {
+        kind: 'response',
+        status: response.status,
+        body,
+        retryAfterMs: parseRetryAfter(response.headers.get('retry-after'), Date.now()),
+        verdict: request.judge(response.status, body),
+      };
+    } catch (error) {
+      // The only abort is the per-attempt timeout's.
+      result = signal.aborted
+        ? { kind: 'timeout', message: `no complete answer within ${this.options.timeoutMs} ms`, verdict: 'unknown' }
+        : { kind: 'network', message: errorMessage(error), verdict: 'unknown' };
+    }
+    const label = result.kind === 'response' ? String(result.status) : result.kind;
+    this.metrics.attempts.inc({ operation: request.operation, result: label });
+    const fields = {
+      operation: request.operation,
+      attempt,
+      outboundKey: request.outboundKey,
+      ...(result.kind === 'response' ? { status: result.status, retryAfterMs: result.retryAfterMs } : { error: describeAttempt(result) }),
+      durationMs: Date.now() - started,
+    };
+    if (result.verdict === 'unknown') this.logger.warn(fields, 'psp attempt without a definite answer');
+    else this.logger.debug(fields, 'psp attempt answered');
+    return result;
+  }
+
+  private url(path: string): string {
+    return this.options.baseUrl().replace(/\/+$/, '') + path;
+  }
+}
+
+function unknownReason(end: Extract<CallEnd, { kind: 'answered' }>): string {
+  const tried = `${end.attempts} attempt${end.attempts === 1 ? '' : 's'}`;
+  const last = describeAttempt(end.last);
+  if (end.stopReason) return `${end.stopReason}; last of ${tried}: ${last}`;
+  return `${last} after ${tried}`;
+}
+
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    return undefined;
+  }
+}
+
+/** undici hides the useful part (ECONNREFUSED, UND_ERR_SOCKET) in `cause`. */
+function errorMessage(error: unknown): string {
+  if (!(error instanceof Error)) return String(error);
+  const cause = error.cause as { code?: unknown; message?: unknown } | undefined;
+  const detail = typeof cause?.code === 'string' ? cause.code : typeof cause?.message === 'string' ? cause.message : undefined;
+  return detail ? `${error.message} (${detail})` : error.message;
 }

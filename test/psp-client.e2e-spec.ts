@@ -1,0 +1,604 @@
+import { type INestApplicationContext, Logger, type LoggerService, Module } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { randomUUID } from 'node:crypto';
+import { createServer, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { Registry } from 'prom-client';
+import { MetricsModule } from '../src/metrics/metrics.module';
+import { type ChargeRequest, PspClient, PspUnreachableError } from '../src/psp-client/psp-client';
+import { PspClientMetrics } from '../src/psp-client/psp-client-metrics';
+import type { PspClientOptions } from '../src/psp-client/psp-client-options';
+import { PspClientModule } from '../src/psp-client/psp-client.module';
+
+/**
+ * The outbound client against a real HTTP server on 127.0.0.1, scripted per test. Timing: a
+ * response the stub sends at once is given a long timeoutMs (2 s), so load on the machine can never
+ * turn it into a timeout and change the attempt count; only tests about timeouts use a short one,
+ * with a stub that never answers, so their timeouts are certain.
+ */
+
+interface Recorded {
+  method: string;
+  url: string;
+  headers: IncomingHttpHeaders;
+  body: string;
+  at: number;
+  /** The client gave up on it (timeout) before the stub answered. */
+  abandoned: boolean;
+}
+
+type Handler = (req: IncomingMessage, res: ServerResponse, n: number) => void;
+
+class StubProvider {
+  requests: Recorded[] = [];
+  private handler: Handler = (_req, res) => reply(res, 500, {});
+  private readonly unanswered = new Set<ServerResponse>();
+  private readonly server = createServer((req, res) => this.receive(req, res));
+
+  async start(): Promise<void> {
+    await new Promise<void>((resolve) => this.server.listen(0, '127.0.0.1', resolve));
+  }
+
+  get baseUrl(): string {
+    return `http://127.0.0.1:${(this.server.address() as AddressInfo).port}/psp`;
+  }
+
+  /** Answers the n-th request (1-based) of the test with `handler`; forgets earlier requests. */
+  script(handler: Handler): void {
+    this.requests = [];
+    this.handler = handler;
+  }
+
+  keys(): (string | string[] | undefined)[] {
+    return this.requests.map((r) => r.headers['idempotency-key']);
+  }
+
+  /**
+   * Ends requests still waiting for an answer, so nothing outlives a test. Idle keep-alive sockets
+   * stay: closing them under the client would make the next test's first attempt a network error
+   * (which the client rightly retries, but which would change that test's attempt count).
+   */
+  reset(): void {
+    this.handler = (_req, res) => reply(res, 500, {});
+    for (const res of this.unanswered) res.destroy();
+  }
+
+  async stop(): Promise<void> {
+    this.server.closeAllConnections();
+    await new Promise<void>((resolve, reject) => this.server.close((err) => (err ? reject(err) : resolve())));
+  }
+
+  private receive(req: IncomingMessage, res: ServerResponse): void {
+    const chunks: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => chunks.push(chunk));
+    req.on('end', () => {
+      const record: Recorded = { method: req.method ?? '', url: req.url ?? '', headers: req.headers, body: Buffer.concat(chunks).toString(), at: Date.now(), abandoned: false };
+      const n = this.requests.push(record);
+      this.unanswered.add(res);
+      res.on('close', () => {
+        this.unanswered.delete(res);
+        if (!res.writableFinished) record.abandoned = true;
+      });
+      this.handler(req, res, n);
+    });
+  }
+}
+
+function reply(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  res.writeHead(status, { 'content-type': status >= 400 && status !== 402 ? 'application/problem+json' : 'application/json', ...headers });
+  res.end(JSON.stringify(body));
+}
+
+const problem = (status: number, detail: string) => ({ type: 'about:blank', title: 'Refused', status, detail });
+
+function chargeRequest(source = 'tok_visa'): ChargeRequest {
+  return { amountMinor: 1250, currency: 'EUR', source, metadata: { orderId: randomUUID(), paymentId: randomUUID() } };
+}
+
+function chargeRecord(body: string, status: 'succeeded' | 'failed' = 'succeeded') {
+  const request = JSON.parse(body) as ChargeRequest;
+  return { id: `ch_${randomUUID()}`, status, ...request, failureCode: status === 'failed' ? 'card_declined' : null, createdAt: new Date().toISOString() };
+}
+
+/** Answers every charge with its record, as the provider would. */
+const succeed: Handler = (req, res) => reply(res, 201, chargeRecord(lastBody(req)));
+const hang: Handler = () => undefined;
+let stub: StubProvider;
+const lastBody = (_req: IncomingMessage) => stub.requests[stub.requests.length - 1].body;
+
+const outboundKey = () => `pay_${randomUUID()}`;
+const farDeadline = () => Date.now() + 60_000;
+
+class CapturedLogs implements LoggerService {
+  entries: { level: string; fields: unknown; message: unknown }[] = [];
+  log = (fields: unknown, message?: unknown) => this.entries.push({ level: 'log', fields, message });
+  warn = (fields: unknown, message?: unknown) => this.entries.push({ level: 'warn', fields, message });
+  error = (fields: unknown, message?: unknown) => this.entries.push({ level: 'error', fields, message });
+  debug = (fields: unknown, message?: unknown) => this.entries.push({ level: 'debug', fields, message });
+  verbose = (fields: unknown, message?: unknown) => this.entries.push({ level: 'verbose', fields, message });
+}
+const logs = new CapturedLogs();
+
+let registry: Registry;
+
+function client(overrides: Partial<PspClientOptions> = {}): PspClient {
+  registry = new Registry();
+  return new PspClient(
+    {
+      baseUrl: () => stub.baseUrl,
+      timeoutMs: 2_000,
+      maxAttempts: 4,
+      // High unless a test is about the breaker, so other tests' unknown outcomes never open it.
+      breakerThreshold: 1_000,
+      breakerHalfOpenMs: 60_000,
+      backoffInitialMs: 5,
+      backoffMaxMs: 20,
+      ...overrides,
+    },
+    new PspClientMetrics(registry),
+  );
+}
+
+async function metricValue(name: string, labels: Record<string, string>): Promise<number> {
+  const metric = (await registry.getMetricsAsJSON()).find((m) => m.name === name);
+  const value = metric?.values.find((v) => Object.entries(labels).every(([k, l]) => v.labels[k] === l));
+  return value?.value ?? 0;
+}
+
+/** Polls `condition` until it holds or `ms` pass (then the assertion after it fails with its own message). */
+async function waitFor(condition: () => boolean, ms = 10_000): Promise<void> {
+  const until = Date.now() + ms;
+  while (!condition() && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 10));
+}
+
+beforeAll(async () => {
+  Logger.overrideLogger(logs);
+  stub = new StubProvider();
+  await stub.start();
+});
+
+afterEach(() => {
+  stub.reset();
+  logs.entries = [];
+});
+
+afterAll(async () => {
+  await stub.stop();
+});
+
+describe('PspClient writes', () => {
+  it('retries 503 twice, then gets the 201, sending the same Idempotency-Key and body every time', async () => {
+    stub.script((req, res, n) => (n <= 2 ? reply(res, 503, problem(503, 'down')) : succeed(req, res, n)));
+    const key = outboundKey();
+    const body = chargeRequest();
+
+    const result = await client().createCharge(body, key, farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(result.kind === 'succeeded' && result.value.metadata).toEqual(body.metadata);
+    expect(stub.requests).toHaveLength(3);
+    expect(stub.keys()).toEqual([key, key, key]);
+    expect(new Set(stub.requests.map((r) => r.body)).size).toBe(1);
+    expect(JSON.parse(stub.requests[0].body)).toEqual(body);
+    expect(stub.requests.every((r) => r.method === 'POST' && r.url === '/psp/charges' && r.headers['content-type'] === 'application/json')).toBe(true);
+  });
+
+  it('posts a refund to /refunds and maps its 201', async () => {
+    const refund = { chargeId: 'ch_1', amountMinor: 500, metadata: { refundId: randomUUID(), paymentId: randomUUID() } };
+    stub.script((_req, res) => reply(res, 201, { id: 're_1', status: 'succeeded', failureCode: null, createdAt: new Date().toISOString(), ...refund }));
+    const key = outboundKey();
+
+    const result = await client().createRefund(refund, key, farDeadline());
+
+    expect(result).toMatchObject({ kind: 'succeeded', value: { id: 're_1', chargeId: 'ch_1', amountMinor: 500 } });
+    expect(stub.requests.map((r) => [r.method, r.url, r.headers['idempotency-key']])).toEqual([['POST', '/psp/refunds', key]]);
+  });
+
+  it('maps a 402 with the recorded failed charge to declined, without retrying', async () => {
+    stub.script((req, res) => reply(res, 402, chargeRecord(lastBody(req), 'failed')));
+
+    const result = await client().createCharge(chargeRequest('tok_chargeDeclined'), outboundKey(), farDeadline());
+
+    expect(result).toMatchObject({ kind: 'declined', value: { status: 'failed', failureCode: 'card_declined' } });
+    expect(stub.requests).toHaveLength(1);
+  });
+
+  it.each([400, 404, 422])('maps %i to refused with the problem detail, without retrying', async (status) => {
+    stub.script((_req, res) => reply(res, status, problem(status, `refused with ${status}`)));
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result).toEqual({ kind: 'refused', status, detail: `refused with ${status}` });
+    expect(stub.requests).toHaveLength(1);
+  });
+
+  it('returns unknown with the last 5xx once every attempt is spent', async () => {
+    stub.script((_req, res, n) => reply(res, n % 2 ? 502 : 503, problem(503, 'down')));
+    const key = outboundKey();
+
+    const result = await client({ maxAttempts: 4 }).createCharge(chargeRequest(), key, farDeadline());
+
+    expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 503 after 4 attempts' });
+    expect(stub.keys()).toEqual([key, key, key, key]);
+  });
+
+  it('retries 409 and 429 like 5xx', async () => {
+    stub.script((req, res, n) => (n === 1 ? reply(res, 409, problem(409, 'in flight')) : n === 2 ? reply(res, 429, problem(429, 'slow down')) : succeed(req, res, n)));
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(stub.requests).toHaveLength(3);
+  });
+
+  it('does not retry another status, and does not call it succeeded or refused', async () => {
+    stub.script((_req, res) => reply(res, 401, problem(401, 'bad key')));
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 401 after 1 attempt' });
+    expect(stub.requests).toHaveLength(1);
+  });
+
+  it('does not follow a redirect with a payment request', async () => {
+    stub.script((_req, res) => reply(res, 307, {}, { location: '/elsewhere' }));
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result.kind).toBe('unknown');
+    expect(stub.requests.map((r) => r.url)).toEqual(['/psp/charges']);
+  });
+
+  it('calls a 201 whose body is not a charge unknown, never succeeded', async () => {
+    stub.script((_req, res) => reply(res, 201, { id: 'ch_1' }));
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 201 after 1 attempt' });
+  });
+
+  it('retries under the same key when the connection closes in the middle of the body', async () => {
+    stub.script((req, res, n) => {
+      if (n > 1) return succeed(req, res, n);
+      res.writeHead(201, { 'content-type': 'application/json', 'content-length': '500' });
+      res.write('{"id":"ch_', () => res.destroy());
+    });
+    const key = outboundKey();
+
+    const result = await client().createCharge(chargeRequest(), key, farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(stub.keys()).toEqual([key, key]);
+    expect(await metricValue('psp_attempts_total', { operation: 'charge', result: 'network' })).toBe(1);
+  });
+
+  it('retries under the same key when the connection drops before any answer', async () => {
+    stub.script((req, res, n) => (n === 1 ? req.socket.destroy() : succeed(req, res, n)));
+    const key = outboundKey();
+
+    const result = await client().createCharge(chargeRequest(), key, farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(stub.keys()).toEqual([key, key]);
+  });
+
+  it('abandons an attempt that outlasts timeoutMs and retries it under the same key', async () => {
+    stub.script((req, res, n) => (n === 1 ? hang(req, res, n) : succeed(req, res, n)));
+    const key = outboundKey();
+    // Spare attempts, so a slow machine timing out the second one as well still ends in the 201.
+    const psp = client({ timeoutMs: 150, maxAttempts: 6 });
+
+    const result = await psp.createCharge(chargeRequest(), key, farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(stub.requests[0].abandoned).toBe(true);
+    expect(new Set(stub.keys())).toEqual(new Set([key]));
+    expect(await metricValue('psp_attempts_total', { operation: 'charge', result: 'timeout' })).toBeGreaterThanOrEqual(1);
+  });
+
+  it('times out an attempt whose body stalls after the headers, since the body is read inside the timeout', async () => {
+    stub.script((req, res, n) => {
+      if (n > 1) return succeed(req, res, n);
+      res.writeHead(201, { 'content-type': 'application/json', 'content-length': '500' });
+      res.write('{"id":"ch_');
+    });
+    const key = outboundKey();
+
+    const result = await client({ timeoutMs: 150, maxAttempts: 6 }).createCharge(chargeRequest(), key, farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(stub.requests[0].abandoned).toBe(true);
+    expect(new Set(stub.keys())).toEqual(new Set([key]));
+    expect(await metricValue('psp_attempts_total', { operation: 'charge', result: 'timeout' })).toBeGreaterThanOrEqual(1);
+  });
+
+  it('returns unknown when every attempt times out', async () => {
+    stub.script(hang);
+    const psp = client({ timeoutMs: 150, maxAttempts: 3 });
+
+    const result = await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result).toEqual({ kind: 'unknown', reason: 'timeout: no complete answer within 150 ms after 3 attempts' });
+    expect(await metricValue('psp_attempts_total', { operation: 'charge', result: 'timeout' })).toBe(3);
+    expect(stub.requests.length).toBeLessThanOrEqual(3);
+  });
+
+  it('waits out a Retry-After before the next attempt', async () => {
+    stub.script((req, res, n) => (n === 1 ? reply(res, 429, problem(429, 'slow down'), { 'retry-after': '1' }) : succeed(req, res, n)));
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(stub.requests).toHaveLength(2);
+    // A lower bound, which load cannot break: without Retry-After the backoff here is at most 20 ms.
+    expect(stub.requests[1].at - stub.requests[0].at).toBeGreaterThanOrEqual(950);
+  });
+
+  it.each([
+    ['delta-seconds', () => '30'],
+    ['HTTP-date', () => new Date(Date.now() + 30_000).toUTCString()],
+  ])('does not wait out a Retry-After (%s) that would end after the deadline', async (_form, retryAfter) => {
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down'), { 'retry-after': retryAfter() }));
+    const deadline = Date.now() + 5_000;
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), deadline);
+
+    expect(Date.now()).toBeLessThan(deadline);
+    expect(result.kind).toBe('unknown');
+    expect(result.kind === 'unknown' && result.reason).toMatch(/^Retry-After of (29|30) s would end after the deadline; last of 1 attempt: HTTP 503$/);
+    expect(stub.requests).toHaveLength(1);
+  });
+
+  it('sends nothing when the deadline is closer than one attempt could take', async () => {
+    stub.script(succeed);
+
+    const result = await client({ timeoutMs: 2_000 }).createCharge(chargeRequest(), outboundKey(), Date.now() + 500);
+
+    expect(result).toEqual({ kind: 'unknown', reason: 'the deadline leaves no time for an attempt' });
+    expect(stub.requests).toHaveLength(0);
+  });
+
+  it('starts no attempt that could end after the deadline', async () => {
+    stub.script(hang);
+    const psp = client({ timeoutMs: 150, maxAttempts: 10 });
+
+    // Each attempt takes at least 150 ms here, so at most 2 can start and end within 400 ms.
+    const result = await psp.createCharge(chargeRequest(), outboundKey(), Date.now() + 400);
+
+    expect(result.kind).toBe('unknown');
+    expect(result.kind === 'unknown' && result.reason).toMatch(/^the deadline leaves no time for another attempt; last of [12] attempts?: timeout/);
+    const attempts = await metricValue('psp_attempts_total', { operation: 'charge', result: 'timeout' });
+    expect(attempts).toBeGreaterThanOrEqual(1);
+    expect(attempts).toBeLessThanOrEqual(2);
+  });
+
+  it('refuses an outbound key that cannot be a header before sending anything', async () => {
+    stub.script(succeed);
+
+    await expect(client().createCharge(chargeRequest(), 'two words', farDeadline())).rejects.toThrow(TypeError);
+    await expect(client().createCharge(chargeRequest(), '', farDeadline())).rejects.toThrow(TypeError);
+    expect(stub.requests).toHaveLength(0);
+  });
+});
+
+describe('PspClient circuit breakers', () => {
+  it('opens after breakerThreshold calls with unknown outcomes, then answers breaker-open without calling', async () => {
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
+    const psp = client({ maxAttempts: 2, breakerThreshold: 3 });
+
+    for (let i = 0; i < 3; i++) expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
+    expect(stub.requests).toHaveLength(6); // one breaker sample per call, not per attempt
+
+    const check = psp.chargeBreakerOpen();
+    expect(check.open).toBe(true);
+    expect(check.open && check.retryAfterSeconds).toBeGreaterThanOrEqual(55);
+    const result = await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    expect(result.kind).toBe('breaker-open');
+    expect(result.kind === 'breaker-open' && result.retryAfterSeconds).toBeGreaterThanOrEqual(55);
+    // Refunds share the charges breaker.
+    const refund = await psp.createRefund({ chargeId: 'ch_1', amountMinor: 1, metadata: { refundId: randomUUID(), paymentId: randomUUID() } }, outboundKey(), farDeadline());
+    expect(refund.kind).toBe('breaker-open');
+    expect(stub.requests).toHaveLength(6);
+    expect(await metricValue('psp_breaker_state', { breaker: 'charges' })).toBe(2);
+    expect(await metricValue('psp_calls_total', { operation: 'charge', outcome: 'breaker-open' })).toBe(1);
+
+    // Lookups have their own breaker: still asked.
+    stub.script((_req, res) => reply(res, 200, { items: [] }));
+    await expect(psp.findChargesByPayment(randomUUID())).resolves.toEqual([]);
+    expect(stub.requests).toHaveLength(1);
+    expect(await metricValue('psp_breaker_state', { breaker: 'lookups' })).toBe(0);
+  });
+
+  it('counts declines and refusals as answers, not failures', async () => {
+    const outcomes = [503, 402, 503, 422, 503, 503];
+    stub.script((req, res, n) => {
+      const status = outcomes[n - 1];
+      if (status === 402) reply(res, 402, chargeRecord(lastBody(req), 'failed'));
+      else reply(res, status, problem(status, 'no'));
+    });
+    const psp = client({ maxAttempts: 1, breakerThreshold: 2 });
+
+    const kinds = [];
+    for (let i = 0; i < 5; i++) {
+      kinds.push((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind);
+      expect(psp.chargeBreakerOpen().open).toBe(false);
+    }
+    expect(kinds).toEqual(['unknown', 'declined', 'unknown', 'refused', 'unknown']);
+
+    // The second unknown outcome in a row opens it.
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
+    expect(psp.chargeBreakerOpen().open).toBe(true);
+  });
+
+  it('lets one probe through after breakerHalfOpenMs, turns others away meanwhile, and closes when it succeeds', async () => {
+    const psp = client({ maxAttempts: 1, breakerThreshold: 1, breakerHalfOpenMs: 200 });
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
+    expect(psp.chargeBreakerOpen().open).toBe(true);
+
+    await waitFor(() => !psp.chargeBreakerOpen().open);
+    expect(psp.chargeBreakerOpen().open).toBe(false);
+    expect(await metricValue('psp_breaker_state', { breaker: 'charges' })).toBe(1);
+
+    let release: (() => void) | undefined;
+    stub.script((req, res, n) => {
+      release = () => succeed(req, res, n);
+    });
+    const probe = psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    await waitFor(() => release !== undefined);
+    expect(stub.requests).toHaveLength(1);
+
+    // While the probe is out, nobody else gets through.
+    expect(psp.chargeBreakerOpen()).toEqual({ open: true, retryAfterSeconds: 1 });
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('breaker-open');
+    expect(stub.requests).toHaveLength(1);
+
+    release!();
+    expect((await probe).kind).toBe('succeeded');
+    expect(psp.chargeBreakerOpen()).toEqual({ open: false });
+    expect(await metricValue('psp_breaker_state', { breaker: 'charges' })).toBe(0);
+  });
+
+  it('opens again when the probe fails', async () => {
+    const psp = client({ maxAttempts: 1, breakerThreshold: 1, breakerHalfOpenMs: 200 });
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
+    await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    await waitFor(() => !psp.chargeBreakerOpen().open);
+    expect(psp.chargeBreakerOpen().open).toBe(false);
+
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
+
+    expect(psp.chargeBreakerOpen().open).toBe(true);
+    expect(stub.requests).toHaveLength(2);
+  });
+
+  it('stops retrying a call when other calls open the breaker meanwhile', async () => {
+    // The slow call waits out Retry-After: 2; meanwhile another call fails and opens the breaker.
+    stub.script((_req, res, n) => reply(res, 503, problem(503, 'down'), n === 1 ? { 'retry-after': '2' } : {}));
+    const psp = client({ maxAttempts: 2, breakerThreshold: 1 });
+
+    const slow = psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    await waitFor(() => stub.requests.length === 1);
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
+    expect(psp.chargeBreakerOpen().open).toBe(true);
+    const requestsBefore = stub.requests.length;
+
+    expect(await slow).toEqual({ kind: 'unknown', reason: 'the charges breaker opened while retrying; last of 1 attempt: HTTP 503' });
+    expect(stub.requests).toHaveLength(requestsBefore);
+  });
+});
+
+describe('PspClient lookups', () => {
+  it('returns [] for an empty 200 and the items otherwise', async () => {
+    const paymentId = randomUUID();
+    stub.script((_req, res) => reply(res, 200, { items: [] }));
+    const psp = client();
+
+    await expect(psp.findChargesByPayment(paymentId)).resolves.toEqual([]);
+    expect(stub.requests.map((r) => [r.method, r.url, r.headers['idempotency-key']])).toEqual([['GET', `/psp/charges?paymentId=${paymentId}`, undefined]]);
+
+    const refundId = randomUUID();
+    const refund = { id: 're_1', status: 'succeeded', chargeId: 'ch_1', amountMinor: 5, failureCode: null, metadata: { refundId, paymentId }, createdAt: new Date().toISOString() };
+    stub.script((_req, res) => reply(res, 200, { items: [refund] }));
+    await expect(psp.findRefundsByRefund(refundId)).resolves.toEqual([refund]);
+    expect(stub.requests[0].url).toBe(`/psp/refunds?refundId=${refundId}`);
+  });
+
+  it('encodes the id into the query', async () => {
+    stub.script((_req, res) => reply(res, 200, { items: [] }));
+
+    await client().findChargesByPayment('a&b=c');
+
+    expect(stub.requests[0].url).toBe('/psp/charges?paymentId=a%26b%3Dc');
+  });
+
+  it('throws PspUnreachableError after every attempt got a 5xx', async () => {
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
+
+    await expect(client({ maxAttempts: 3 }).findChargesByPayment(randomUUID())).rejects.toThrow(PspUnreachableError);
+    expect(stub.requests).toHaveLength(3);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'unreachable' })).toBe(1);
+  });
+
+  it('throws PspUnreachableError when every attempt times out', async () => {
+    stub.script(hang);
+
+    const error = await client({ timeoutMs: 150, maxAttempts: 2 }).findRefundsByRefund(randomUUID()).catch((e: unknown) => e);
+
+    expect(error).toBeInstanceOf(PspUnreachableError);
+    expect((error as PspUnreachableError).reason).toBe('timeout: no complete answer within 150 ms after 2 attempts');
+  });
+
+  it('throws PspUnreachableError for a 200 it cannot read, rather than answer "none"', async () => {
+    stub.script((_req, res) => reply(res, 200, { items: [{ id: 'ch_1' }] }));
+
+    await expect(client().findChargesByPayment(randomUUID())).rejects.toThrow(PspUnreachableError);
+  });
+
+  it('has its own breaker: once open, lookups throw without calling, and charges still go out', async () => {
+    stub.script((_req, res) => reply(res, 500, problem(500, 'down')));
+    const psp = client({ maxAttempts: 1, breakerThreshold: 2 });
+    for (let i = 0; i < 2; i++) await expect(psp.findChargesByPayment(randomUUID())).rejects.toThrow(PspUnreachableError);
+    expect(stub.requests).toHaveLength(2);
+
+    const error = await psp.findRefundsByRefund(randomUUID()).catch((e: unknown) => e);
+    expect((error as PspUnreachableError).reason).toMatch(/^lookups breaker open/);
+    expect(stub.requests).toHaveLength(2);
+
+    stub.script(succeed);
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('succeeded');
+    expect(stub.requests).toHaveLength(1);
+  });
+});
+
+describe('PspClientModule, metrics and logs', () => {
+  @Module({
+    imports: [
+      MetricsModule,
+      PspClientModule.forRootAsync({
+        useFactory: () => ({ baseUrl: () => stub.baseUrl, timeoutMs: 2_000, maxAttempts: 3, breakerThreshold: 5, breakerHalfOpenMs: 10_000, backoffInitialMs: 5, backoffMaxMs: 20 }),
+      }),
+    ],
+  })
+  class TestModule {}
+
+  let app: INestApplicationContext | undefined;
+
+  afterEach(async () => {
+    await app?.close();
+    app = undefined;
+  });
+
+  it('provides one PspClient whose attempts, outcomes and breaker states show in the app registry and the log', async () => {
+    app = await NestFactory.createApplicationContext(TestModule, { logger: logs });
+    const psp = app.get(PspClient);
+    registry = app.get(Registry);
+    stub.script((req, res, n) => (n === 1 ? reply(res, 503, problem(503, 'down')) : succeed(req, res, n)));
+    const key = outboundKey();
+
+    expect((await psp.createCharge(chargeRequest(), key, farDeadline())).kind).toBe('succeeded');
+
+    const text = await registry.metrics();
+    expect(text).toContain('psp_attempts_total{operation="charge",result="503"} 1');
+    expect(text).toContain('psp_attempts_total{operation="charge",result="201"} 1');
+    expect(text).toContain('psp_calls_total{operation="charge",outcome="succeeded"} 1');
+    expect(text).toContain('psp_breaker_state{breaker="charges"} 0');
+    expect(text).toContain('psp_breaker_state{breaker="lookups"} 0');
+    expect(logs.entries).toContainEqual({
+      level: 'warn',
+      fields: expect.objectContaining({ operation: 'charge', attempt: 1, status: 503, outboundKey: key }),
+      message: 'psp attempt without a definite answer',
+    });
+    expect(logs.entries).toContainEqual(expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', attempt: 2, status: 201, outboundKey: key }) }));
+    expect(logs.entries).toContainEqual(expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', outboundKey: key, outcome: 'succeeded' }) }));
+  });
+
+  it('logs the breaker opening', async () => {
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
+    const psp = client({ maxAttempts: 1, breakerThreshold: 1 });
+
+    await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(logs.entries).toContainEqual(expect.objectContaining({ level: 'warn', fields: expect.objectContaining({ breaker: 'charges', state: 'open' }) }));
+  });
+});
