@@ -1,10 +1,11 @@
 import { type DynamicModule, Module } from '@nestjs/common';
-import { APP_FILTER, APP_GUARD } from '@nestjs/core';
+import { APP_FILTER, APP_GUARD, HttpAdapterHost } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { LoggerModule } from 'nestjs-pino';
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { ApiKeyGuard } from './common/api-key.guard.js';
 import { ProblemFilter } from './common/problem.filter.js';
 import type { AppConfig } from './config/app-config.js';
@@ -15,6 +16,8 @@ import { HealthModule } from './health/health.module.js';
 import { IdempotencyModule } from './idempotency/idempotency.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
 import { OrdersModule } from './orders/orders.module.js';
+import { PaymentsModule } from './payments/payments.module.js';
+import { PspClientModule } from './psp-client/psp-client.module.js';
 import { PspSandboxModule } from './psp-sandbox/psp-sandbox.module.js';
 import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
 
@@ -81,6 +84,18 @@ export class AppModule {
         SubmitTokensModule,
         // The sandbox provider, in-process, only when no real (or standalone) provider is configured.
         ...(config.pspBaseUrl ? [] : [PspSandboxModule.forRoot({ databaseUrl, timeoutMs: config.pspTimeoutMs })]),
+        PspClientModule.forRootAsync({
+          inject: [HttpAdapterHost],
+          useFactory: (host: HttpAdapterHost) => ({
+            // The in-process sandbox is called over real HTTP on this app's own port (known once it listens).
+            baseUrl: () => config.pspBaseUrl ?? `http://127.0.0.1:${(host.httpAdapter.getHttpServer().address() as AddressInfo).port}/psp`,
+            timeoutMs: config.pspTimeoutMs,
+            maxAttempts: config.pspMaxAttempts,
+            breakerThreshold: config.pspBreakerThreshold,
+            breakerHalfOpenMs: config.pspBreakerHalfOpenMs,
+          }),
+        }),
+        PaymentsModule,
       ],
       providers: [
         { provide: APP_GUARD, useClass: ApiKeyGuard },

@@ -10,6 +10,7 @@ import { AppModule, type AppOptions, assignRequestId } from './app.module.js';
 import { problemSchemas } from './common/api-problem-responses.js';
 import { ProblemException } from './common/problem.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
+import { PSP_SANDBOX_TAG } from './psp-sandbox/psp-sandbox.controller.js';
 
 /**
  * The largest body we parse. A create has at most 100 short lines (~15 KiB of JSON); 64 KiB leaves
@@ -96,6 +97,7 @@ export function buildOpenApiDocument(app: INestApplication) {
     .addTag('orders', 'Create orders safely (Idempotency-Key or Submit-Token), read them, change them, move them through their states.')
     .addTag('payments', 'Pay orders and refund payments through the provider: atomic phases under the Idempotency-Key, never two charges.')
     .addTag('operations', 'Health and metrics for operators; no API key.')
+    .addTag(PSP_SANDBOX_TAG.name, PSP_SANDBOX_TAG.description)
     .addBearerAuth({ type: 'http', scheme: 'bearer', description: 'An API key from API_KEYS' }, BEARER_AUTH)
     // Every operation needs the key unless it says otherwise (security: [] on the public ones).
     .addSecurityRequirements(BEARER_AUTH)
