@@ -4,7 +4,7 @@ import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { LoggerModule } from 'nestjs-pino';
 import { randomUUID } from 'node:crypto';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ApiKeyGuard } from './common/api-key.guard.js';
 import { ProblemFilter } from './common/problem.filter.js';
@@ -88,7 +88,7 @@ export class AppModule {
           inject: [HttpAdapterHost],
           useFactory: (host: HttpAdapterHost) => ({
             // The in-process sandbox is called over real HTTP on this app's own port (known once it listens).
-            baseUrl: () => config.pspBaseUrl ?? `http://127.0.0.1:${(host.httpAdapter.getHttpServer().address() as AddressInfo).port}/psp`,
+            baseUrl: () => config.pspBaseUrl ?? `http://127.0.0.1:${((host.httpAdapter.getHttpServer() as Server).address() as AddressInfo).port}/psp`,
             timeoutMs: config.pspTimeoutMs,
             maxAttempts: config.pspMaxAttempts,
             breakerThreshold: config.pspBreakerThreshold,

@@ -13,6 +13,8 @@ const DEADLINE_MS = 40_000;
  * while charges are in flight, and two instances sharing one database. After each, the database
  * and the provider's ledger must show exactly one succeeded charge per order.
  */
+jest.setTimeout(180_000);
+
 describe('payments across processes: SIGKILL mid-flight, two instances on one database', () => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
   let db: Pool;

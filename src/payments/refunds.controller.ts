@@ -48,7 +48,7 @@ export class RefundsController {
   }
 
   @Get('payments/:id/refunds')
-  @ApiOperation({ summary: "A payment's refunds, oldest first" })
+  @ApiOperation({ summary: "A payment's refunds, oldest first", description: 'Every refund asked for, pending, succeeded or failed; the failed ones reserve nothing.' })
   @ApiOkResponse({ type: RefundList })
   @ApiProblems(PAYMENT_NOT_FOUND)
   async listPaymentRefunds(@ClientId() clientId: string, @Param('id') paymentId: string): Promise<RefundList> {
@@ -56,7 +56,7 @@ export class RefundsController {
   }
 
   @Get('refunds/:id')
-  @ApiOperation({ summary: 'Read a refund' })
+  @ApiOperation({ summary: 'Read a refund', description: 'A pending refund is still being decided with the provider; it settles on a retry of its key, through the reconciler or a webhook.' })
   @ApiOkResponse({ type: RefundView })
   @ApiProblems(REFUND_NOT_FOUND)
   findRefund(@ClientId() clientId: string, @Param('id') id: string): Promise<RefundView> {

@@ -192,6 +192,142 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/psp/charges": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Find charges by orderId or paymentId
+         * @description Reads what was recorded, at once (never delayed by a test token): how a client finds out what happened to a charge whose answer it never got.
+         */
+        get: operations["pspListCharges"];
+        put?: never;
+        /**
+         * Charge a test card
+         * @description Records the charge and its answer in one transaction, then answers — after the delay its test token asks for. tok_visa succeeds; tok_chargeDeclined → 402 (recorded); tok_refundDeclined succeeds but its refunds are declined; tok_flaky → 503 on the first 2 attempts per key, then succeeds; tok_timeout records at once but answers the first attempt per key after 3 × PSP_TIMEOUT_MS; tok_lost records but every answer comes after 3 × PSP_TIMEOUT_MS; tok_unavailable → 503 always; tok_slow answers after PSP_TIMEOUT_MS / 2. Any other source → 400.
+         */
+        post: operations["pspCreateCharge"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/psp/refunds": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Find refunds by chargeId or refundId
+         * @description Reads what was recorded, at once (never delayed by a test token).
+         */
+        get: operations["pspListRefunds"];
+        put?: never;
+        /**
+         * Refund part or all of a charge
+         * @description Reserves the amount with one conditional UPDATE, so refunds in parallel never exceed the charge, and records the refund and its answer in one transaction. A refund inherits its charge's test token: its faults and delays, and tok_refundDeclined → 402 (recorded).
+         */
+        post: operations["pspCreateRefund"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/orders/{id}/payments": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An order's payments, oldest first
+         * @description Failed payments stay listed; at most one is pending or succeeded.
+         */
+        get: operations["listOrderPayments"];
+        put?: never;
+        /**
+         * Pay an order through the provider
+         * @description Charges the order total. Atomic phases under the Idempotency-Key: the pending payment and its outbound key are committed before the provider is called; the outcome and the answer are committed together after. A decline (402) is final and stored; a new key may pay again. An unknown outcome (503 payment-pending) is not: retry with the same key.
+         */
+        post: operations["payOrder"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/payments/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read a payment
+         * @description refundedMinor counts refunds reserved or settled.
+         */
+        get: operations["findPayment"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/payments/{id}/refunds": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A payment's refunds, oldest first
+         * @description Every refund asked for, pending, succeeded or failed; the failed ones reserve nothing.
+         */
+        get: operations["listPaymentRefunds"];
+        put?: never;
+        /**
+         * Refund a payment, fully or partly
+         * @description Only a succeeded payment of a cancelled order. The amount (default: what remains) is reserved by one conditional UPDATE before the provider is called, so parallel refunds never exceed the payment. When the settled refunds reach the amount, the order becomes refunded.
+         */
+        post: operations["refundPayment"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/refunds/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read a refund
+         * @description A pending refund is still being decided with the provider; it settles on a retry of its key, through the reconciler or a webhook.
+         */
+        get: operations["findRefund"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -313,6 +449,193 @@ export interface components {
              * @description After this the token is refused (422); get a new one.
              */
             expiresAt: string;
+        };
+        ChargeMetadataDto: {
+            /**
+             * Format: uuid
+             * @description Your order id.
+             * @example 6f1c2a9e-3b4d-4c5e-8f70-112233445566
+             */
+            orderId: string;
+            /**
+             * Format: uuid
+             * @description Your payment id.
+             * @example 0b7d5e1a-9c2f-4e3d-a1b0-998877665544
+             */
+            paymentId: string;
+        };
+        PspChargeView: {
+            /** @example ch_5f0c3e2a1b9d8c7e6f5a4b3c */
+            id: string;
+            /**
+             * @example succeeded
+             * @enum {string}
+             */
+            status: "succeeded" | "failed";
+            /** @example 2599 */
+            amountMinor: number;
+            /** @example EUR */
+            currency: string;
+            /** @example tok_visa */
+            source: string;
+            /**
+             * @description "card_declined" when failed.
+             * @example null
+             */
+            failureCode: string | null;
+            metadata: components["schemas"]["ChargeMetadataDto"];
+            /**
+             * Format: date-time
+             * @example 2026-11-30T12:00:00.000Z
+             */
+            createdAt: string;
+        };
+        CreateChargeDto: {
+            /**
+             * @description Amount in minor units (cents).
+             * @example 2599
+             */
+            amountMinor: number;
+            /**
+             * @description ISO 4217 code.
+             * @example EUR
+             */
+            currency: string;
+            /**
+             * @description A test token: tok_visa, tok_chargeDeclined, tok_refundDeclined, tok_flaky, tok_timeout, tok_lost, tok_unavailable, tok_slow. Any other → 400.
+             * @example tok_visa
+             */
+            source: string;
+            metadata: components["schemas"]["ChargeMetadataDto"];
+        };
+        PspChargeList: {
+            items: components["schemas"]["PspChargeView"][];
+        };
+        RefundMetadataDto: {
+            /**
+             * Format: uuid
+             * @description Your refund id.
+             * @example 3c9d8e7f-6a5b-4c3d-9e2f-0a1b2c3d4e5f
+             */
+            refundId: string;
+            /**
+             * Format: uuid
+             * @description Your payment id.
+             * @example 0b7d5e1a-9c2f-4e3d-a1b0-998877665544
+             */
+            paymentId: string;
+        };
+        PspRefundView: {
+            /** @example re_9a8b7c6d5e4f3a2b1c0d9e8f */
+            id: string;
+            /**
+             * @example succeeded
+             * @enum {string}
+             */
+            status: "succeeded" | "failed";
+            /** @example ch_5f0c3e2a1b9d8c7e6f5a4b3c */
+            chargeId: string;
+            /** @example 1000 */
+            amountMinor: number;
+            /**
+             * @description "refund_declined" when failed.
+             * @example null
+             */
+            failureCode: string | null;
+            metadata: components["schemas"]["RefundMetadataDto"];
+            /**
+             * Format: date-time
+             * @example 2026-11-30T12:05:00.000Z
+             */
+            createdAt: string;
+        };
+        CreateRefundDto: {
+            /** @example ch_5f0c3e2a1b9d8c7e6f5a4b3c */
+            chargeId: string;
+            /**
+             * @description Amount in minor units; at most what remains refundable.
+             * @example 1000
+             */
+            amountMinor: number;
+            metadata: components["schemas"]["RefundMetadataDto"];
+        };
+        PspRefundList: {
+            items: components["schemas"]["PspRefundView"][];
+        };
+        PayOrderDto: {
+            /**
+             * @description A payment source at the provider. The sandbox knows tok_visa (succeeds), tok_chargeDeclined (declined), tok_flaky (fails twice, then succeeds), tok_timeout (first answer too late), tok_lost (every answer too late), tok_unavailable (provider down), tok_slow, tok_refundDeclined.
+             * @example tok_visa
+             */
+            source: string;
+        };
+        PaymentView: {
+            /** Format: uuid */
+            id: string;
+            /** Format: uuid */
+            orderId: string;
+            /**
+             * @example succeeded
+             * @enum {string}
+             */
+            status: "pending" | "succeeded" | "failed";
+            /** @example 2500 */
+            amountMinor: number;
+            /** @example EUR */
+            currency: string;
+            /** @example sandbox */
+            provider: string;
+            /**
+             * @description The provider's charge id, once known.
+             * @example ch_3f9a…
+             */
+            providerTransactionId: string | null;
+            /**
+             * @description Refunds reserved or settled, in minor units.
+             * @example 0
+             */
+            refundedMinor: number;
+            /**
+             * @description Why a failed payment failed: card_declined, invalid_source, provider_unreachable.
+             * @example null
+             */
+            failureCode: string | null;
+            /** Format: date-time */
+            createdAt: string;
+            /** Format: date-time */
+            updatedAt: string;
+        };
+        PaymentList: {
+            items: components["schemas"]["PaymentView"][];
+        };
+        RefundPaymentDto: {
+            /**
+             * @description Minor units to refund; default: everything not yet refunded.
+             * @example 500
+             */
+            amountMinor?: number;
+        };
+        RefundView: {
+            /** Format: uuid */
+            id: string;
+            /** Format: uuid */
+            paymentId: string;
+            /** @example 500 */
+            amountMinor: number;
+            /**
+             * @example succeeded
+             * @enum {string}
+             */
+            status: "pending" | "succeeded" | "failed";
+            /** @example re_8c1d… */
+            providerRefundId: string | null;
+            /** @example null */
+            failureCode: string | null;
+            /** Format: date-time */
+            createdAt: string;
+        };
+        RefundList: {
+            items: components["schemas"]["RefundView"][];
         };
         /** @description The problem of type urn:idempotent-orders:problem:unsupported-media-type (Unsupported Media Type). */
         UnsupportedMediaTypeProblem: {
@@ -561,6 +884,25 @@ export interface components {
             /** @description What went wrong this time, for people. */
             detail?: string;
         };
+        /** @description The problem of type urn:idempotent-orders:problem:payment-in-progress (A payment of this order is in progress). */
+        PaymentInProgressProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:payment-in-progress";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The payment this problem is about.
+             */
+            paymentId: string;
+        };
         /** @description The problem of type urn:idempotent-orders:problem:invalid-if-match (Invalid If-Match). */
         InvalidIfMatchProblem: {
             /**
@@ -619,6 +961,298 @@ export interface components {
              * @enum {string}
              */
             type: "urn:idempotent-orders:problem:precondition-required";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:payment-declined (Payment declined). */
+        PaymentDeclinedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:payment-declined";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The payment this problem is about.
+             */
+            paymentId: string;
+            /** @description Why it failed: card_declined, refund_declined, invalid_source (the provider refused the source), provider_unreachable (the provider never saw it), provider_refused. */
+            failureCode: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:order-not-payable (Order cannot be paid). */
+        OrderNotPayableProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:order-not-payable";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The order this problem is about.
+             */
+            orderId: string;
+            /**
+             * @description The status the order is in now.
+             * @enum {string}
+             */
+            currentStatus: "created" | "paid" | "cancelled" | "shipped" | "delivered" | "refunded";
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:nothing-to-pay (Nothing to pay). */
+        NothingToPayProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:nothing-to-pay";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The order this problem is about.
+             */
+            orderId: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:provider-unavailable (Payment provider unavailable). */
+        ProviderUnavailableProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:provider-unavailable";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:payment-pending (Payment outcome not known yet). */
+        PaymentPendingProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:payment-pending";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The payment this problem is about.
+             */
+            paymentId: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:payment-not-found (Payment not found). */
+        PaymentNotFoundProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:payment-not-found";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:refund-declined (Refund declined). */
+        RefundDeclinedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:refund-declined";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The refund this problem is about.
+             */
+            refundId: string;
+            /**
+             * Format: uuid
+             * @description The payment this problem is about.
+             */
+            paymentId: string;
+            /** @description Why it failed: card_declined, refund_declined, invalid_source (the provider refused the source), provider_unreachable (the provider never saw it), provider_refused. */
+            failureCode: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:refund-not-allowed (Refund not allowed). */
+        RefundNotAllowedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:refund-not-allowed";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The payment this problem is about.
+             */
+            paymentId: string;
+            /**
+             * @description The payment status now.
+             * @enum {string}
+             */
+            paymentStatus: "pending" | "succeeded" | "failed";
+            /**
+             * @description The order status now.
+             * @enum {string}
+             */
+            orderStatus: "created" | "paid" | "cancelled" | "shipped" | "delivered" | "refunded";
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:refund-exceeds-payment (Refund exceeds the payment). */
+        RefundExceedsPaymentProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:refund-exceeds-payment";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The payment this problem is about.
+             */
+            paymentId: string;
+            /** @description What was asked for. */
+            requestedMinor: number;
+            /** @description What remained refundable when it was asked. */
+            refundableMinor: number;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:refund-pending (Refund outcome not known yet). */
+        RefundPendingProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:refund-pending";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /**
+             * Format: uuid
+             * @description The refund this problem is about.
+             */
+            refundId: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:refund-not-found (Refund not found). */
+        RefundNotFoundProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:refund-not-found";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-unknown-source (Unknown payment source). */
+        PspUnknownSourceProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-unknown-source";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-idempotency-key-reused (Idempotency-Key is already used). */
+        PspIdempotencyKeyReusedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-idempotency-key-reused";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-unavailable (Provider unavailable). */
+        PspUnavailableProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-unavailable";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-charge-not-found (Charge not found). */
+        PspChargeNotFoundProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-charge-not-found";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-refund-exceeds-charge (Refund exceeds the charge). */
+        PspRefundExceedsChargeProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-refund-exceeds-charge";
             /** @description A short summary for people; the same for every occurrence of the type. */
             title: string;
             /** @description The HTTP status code. */
@@ -1216,17 +1850,19 @@ export interface operations {
              *     The order's status does not allow this move: currentStatus says where it is, allowedTransitions where it may go.
              *
              *     Another request held the order longer than the lock timeout: nothing changed; retry after Retry-After seconds.
+             *
+             *     A payment of this order is still pending (its outcome is being decided). Temporary: not stored; retry after Retry-After.
              */
             409: {
                 headers: {
-                    /** @description Seconds to wait before retrying */
+                    /** @description Seconds to wait before retrying with the same Idempotency-Key. */
                     "Retry-After"?: string;
                     /** @description The order version, for If-Match: "<version>" */
                     ETag?: string;
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["IdempotencyKeyInUseProblem"] | components["schemas"]["InvalidTransitionProblem"] | components["schemas"]["ConcurrentRequestProblem"];
+                    "application/problem+json": components["schemas"]["IdempotencyKeyInUseProblem"] | components["schemas"]["InvalidTransitionProblem"] | components["schemas"]["ConcurrentRequestProblem"] | components["schemas"]["PaymentInProgressProblem"];
                 };
             };
             /** @description This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed. */
@@ -1590,6 +2226,877 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+        };
+    };
+    pspListCharges: {
+        parameters: {
+            query?: {
+                /** @description Charges whose metadata.orderId is this. */
+                orderId?: string;
+                /** @description Charges whose metadata.paymentId is this. */
+                paymentId?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PspChargeList"];
+                };
+            };
+            /** @description Neither orderId nor paymentId given, or one is not a UUID. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
+                     *       "title": "Unknown payment source",
+                     *       "status": 400,
+                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                };
+            };
+        };
+    };
+    pspCreateCharge: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description One value per charge or refund (a UUID is best). The same key again — concurrently or later — gets the same charge and the same answer (status and body), with Idempotent-Replayed: true; the same key with another body is a 422. */
+                "Idempotency-Key": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateChargeDto"];
+            };
+        };
+        responses: {
+            /** @description The charge succeeded. */
+            201: {
+                headers: {
+                    /** @description true when this is the recorded answer of an earlier request with the same key */
+                    "Idempotent-Replayed"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PspChargeView"];
+                };
+            };
+            /** @description Invalid body, missing or malformed Idempotency-Key, or an unknown test token. Nothing recorded. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
+                     *       "title": "Unknown payment source",
+                     *       "status": 400,
+                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                };
+            };
+            /** @description The card was declined (tok_chargeDeclined). Recorded: a retry of the key gets this again. */
+            402: {
+                headers: {
+                    /** @description true when this is the recorded answer of an earlier request with the same key */
+                    "Idempotent-Replayed"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "ch_5f0c3e2a1b9d8c7e6f5a4b3c",
+                     *       "status": "failed",
+                     *       "amountMinor": 2599,
+                     *       "currency": "EUR",
+                     *       "source": "tok_chargeDeclined",
+                     *       "failureCode": "card_declined",
+                     *       "metadata": {
+                     *         "orderId": "6f1c2a9e-3b4d-4c5e-8f70-112233445566",
+                     *         "paymentId": "0b7d5e1a-9c2f-4e3d-a1b0-998877665544"
+                     *       },
+                     *       "createdAt": "2026-11-30T12:00:00.000Z"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["PspChargeView"];
+                };
+            };
+            /** @description The same Idempotency-Key with another body. Nothing recorded. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-idempotency-key-reused",
+                     *       "title": "Idempotency-Key is already used",
+                     *       "status": 422,
+                     *       "detail": "This key was first used for a different request; use a new key for a new request. Nothing was recorded."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspIdempotencyKeyReusedProblem"];
+                };
+            };
+            /** @description tok_unavailable always, tok_flaky on the first 2 attempts per key. Nothing recorded; no Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-unavailable",
+                     *       "title": "Provider unavailable",
+                     *       "status": 503,
+                     *       "detail": "The provider could not process the request; nothing was recorded. Retry with the same Idempotency-Key."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspUnavailableProblem"];
+                };
+            };
+        };
+    };
+    pspListRefunds: {
+        parameters: {
+            query?: {
+                /** @description Refunds of this charge. */
+                chargeId?: string;
+                /** @description Refunds whose metadata.refundId is this. */
+                refundId?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PspRefundList"];
+                };
+            };
+            /** @description Neither chargeId nor refundId given, or one is malformed. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
+                     *       "title": "Unknown payment source",
+                     *       "status": 400,
+                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                };
+            };
+        };
+    };
+    pspCreateRefund: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description One value per charge or refund (a UUID is best). The same key again — concurrently or later — gets the same charge and the same answer (status and body), with Idempotent-Replayed: true; the same key with another body is a 422. */
+                "Idempotency-Key": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateRefundDto"];
+            };
+        };
+        responses: {
+            /** @description The refund succeeded. */
+            201: {
+                headers: {
+                    /** @description true when this is the recorded answer of an earlier request with the same key */
+                    "Idempotent-Replayed"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PspRefundView"];
+                };
+            };
+            /** @description Invalid body, or missing or malformed Idempotency-Key. Nothing recorded. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
+                     *       "title": "Unknown payment source",
+                     *       "status": 400,
+                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                };
+            };
+            /** @description The refund was declined (a charge made with tok_refundDeclined). Recorded: a retry of the key gets this again. */
+            402: {
+                headers: {
+                    /** @description true when this is the recorded answer of an earlier request with the same key */
+                    "Idempotent-Replayed"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "re_9a8b7c6d5e4f3a2b1c0d9e8f",
+                     *       "status": "failed",
+                     *       "chargeId": "ch_5f0c3e2a1b9d8c7e6f5a4b3c",
+                     *       "amountMinor": 1000,
+                     *       "failureCode": "refund_declined",
+                     *       "metadata": {
+                     *         "refundId": "3c9d8e7f-6a5b-4c3d-9e2f-0a1b2c3d4e5f",
+                     *         "paymentId": "0b7d5e1a-9c2f-4e3d-a1b0-998877665544"
+                     *       },
+                     *       "createdAt": "2026-11-30T12:05:00.000Z"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["PspRefundView"];
+                };
+            };
+            /** @description No such charge. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-charge-not-found",
+                     *       "title": "Charge not found",
+                     *       "status": 404,
+                     *       "detail": "There is no charge ch_5f0c3e2a1b9d8c7e6f5a4b3c."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspChargeNotFoundProblem"];
+                };
+            };
+            /** @description The amount exceeds what remains refundable (the problem then carries remainingMinor), the charge failed, or the Idempotency-Key was used with another body. Nothing recorded. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-refund-exceeds-charge",
+                     *       "title": "Refund exceeds the charge",
+                     *       "status": 422,
+                     *       "detail": "Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspRefundExceedsChargeProblem"];
+                };
+            };
+            /** @description tok_unavailable always, tok_flaky on the first 2 attempts per key. Nothing recorded; no Retry-After. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:psp-unavailable",
+                     *       "title": "Provider unavailable",
+                     *       "status": 503,
+                     *       "detail": "The provider could not process the request; nothing was recorded. Retry with the same Idempotency-Key."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PspUnavailableProblem"];
+                };
+            };
+        };
+    };
+    listOrderPayments: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaymentList"];
+                };
+            };
+            /** @description Missing or invalid API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The API key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description No such order for this client. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:order-not-found",
+                     *       "title": "Order not found",
+                     *       "status": 404,
+                     *       "detail": "There is no order 6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["OrderNotFoundProblem"];
+                };
+            };
+        };
+    };
+    payOrder: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
+                "Idempotency-Key": string;
+            };
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PayOrderDto"];
+            };
+        };
+        responses: {
+            /** @description Paid: the order is now paid. */
+            201: {
+                headers: {
+                    /** @description /payments/{id} */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaymentView"];
+                };
+            };
+            /**
+             * @description The request is malformed: invalid JSON, unknown or invalid fields.
+             *
+             *     Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"];
+                };
+            };
+            /** @description Missing or invalid API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The API key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description The provider declined the charge, refused the source, or never saw it (decided by the reconciler). Final and stored under the key; a new key may pay again. */
+            402: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:payment-declined",
+                     *       "title": "Payment declined",
+                     *       "status": 402,
+                     *       "detail": "Payment 9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a failed: card_declined.",
+                     *       "paymentId": "9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a",
+                     *       "failureCode": "card_declined"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PaymentDeclinedProblem"];
+                };
+            };
+            /** @description No such order for this client. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:order-not-found",
+                     *       "title": "Order not found",
+                     *       "status": 404,
+                     *       "detail": "There is no order 6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["OrderNotFoundProblem"];
+                };
+            };
+            /**
+             * @description Only a created order can be paid. Stored under the key.
+             *
+             *     The order totals 0. Stored under the key.
+             *
+             *     A payment of this order is still pending (its outcome is being decided). Temporary: not stored; retry after Retry-After.
+             *
+             *     A request with this Idempotency-Key is still running (its lease has not run out). Retry after Retry-After seconds: a retry after the lease resumes it.
+             */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying with the same Idempotency-Key. */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OrderNotPayableProblem"] | components["schemas"]["NothingToPayProblem"] | components["schemas"]["PaymentInProgressProblem"] | components["schemas"]["IdempotencyKeyInUseProblem"];
+                };
+            };
+            /** @description A request body was sent that is not application/json. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
+                     *       "title": "Unsupported Media Type",
+                     *       "status": 415,
+                     *       "detail": "Send the request body as application/json."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /** @description This Idempotency-Key was used for a different request. Nothing was executed. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:idempotency-key-reused",
+                     *       "title": "Idempotency-Key is already used",
+                     *       "status": 422,
+                     *       "detail": "This key was first used for a different request; use a new key for a new request."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"];
+                };
+            };
+            /**
+             * @description The payment provider is failing (its circuit breaker is open): nothing was written, the key is free. Not stored.
+             *
+             *     The provider has not told us the outcome (timeouts, 5xx). The payment stays pending — it may have been charged. Not stored: retry with the same key, which resumes and asks the provider again under the same outbound key.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying with the same Idempotency-Key. */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProviderUnavailableProblem"] | components["schemas"]["PaymentPendingProblem"];
+                };
+            };
+            /** @description Any stored answer replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
+            default: {
+                headers: {
+                    /** @description true when this is the stored answer of an earlier request with the same key */
+                    "Idempotent-Replayed"?: "true";
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    findPayment: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaymentView"];
+                };
+            };
+            /** @description Missing or invalid API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The API key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description No such payment for this client. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:payment-not-found",
+                     *       "title": "Payment not found",
+                     *       "status": 404,
+                     *       "detail": "There is no payment 9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PaymentNotFoundProblem"];
+                };
+            };
+        };
+    };
+    listPaymentRefunds: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RefundList"];
+                };
+            };
+            /** @description Missing or invalid API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The API key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description No such payment for this client. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:payment-not-found",
+                     *       "title": "Payment not found",
+                     *       "status": 404,
+                     *       "detail": "There is no payment 9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PaymentNotFoundProblem"];
+                };
+            };
+        };
+    };
+    refundPayment: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
+                "Idempotency-Key": string;
+            };
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RefundPaymentDto"];
+            };
+        };
+        responses: {
+            /** @description Refunded. */
+            201: {
+                headers: {
+                    /** @description /refunds/{id} */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RefundView"];
+                };
+            };
+            /**
+             * @description The request is malformed: invalid JSON, unknown or invalid fields.
+             *
+             *     Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"];
+                };
+            };
+            /** @description Missing or invalid API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The API key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description The provider declined the refund; its reserved amount is given back. Stored under the key. */
+            402: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:refund-declined",
+                     *       "title": "Refund declined",
+                     *       "status": 402,
+                     *       "detail": "Refund 1d4a8e2b-3c5f-4a7d-9e1b-6c8d0f2a4b6e failed: refund_declined.",
+                     *       "refundId": "1d4a8e2b-3c5f-4a7d-9e1b-6c8d0f2a4b6e",
+                     *       "paymentId": "9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a",
+                     *       "failureCode": "refund_declined"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["RefundDeclinedProblem"];
+                };
+            };
+            /** @description No such payment for this client. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:payment-not-found",
+                     *       "title": "Payment not found",
+                     *       "status": 404,
+                     *       "detail": "There is no payment 9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["PaymentNotFoundProblem"];
+                };
+            };
+            /**
+             * @description Only a succeeded payment of a cancelled order can be refunded. Stored under the key.
+             *
+             *     A request with this Idempotency-Key is still running (its lease has not run out). Retry after Retry-After seconds: a retry after the lease resumes it.
+             */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying with the same Idempotency-Key. */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["RefundNotAllowedProblem"] | components["schemas"]["IdempotencyKeyInUseProblem"];
+                };
+            };
+            /** @description A request body was sent that is not application/json. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
+                     *       "title": "Unsupported Media Type",
+                     *       "status": 415,
+                     *       "detail": "Send the request body as application/json."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /**
+             * @description More than remains refundable (refunds reserved or settled count). Stored under the key.
+             *
+             *     This Idempotency-Key was used for a different request. Nothing was executed.
+             */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["RefundExceedsPaymentProblem"] | components["schemas"]["IdempotencyKeyReusedProblem"];
+                };
+            };
+            /**
+             * @description The payment provider is failing (its circuit breaker is open): nothing was written, the key is free. Not stored.
+             *
+             *     The provider has not told us the outcome of the refund. Not stored: retry with the same key.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying with the same Idempotency-Key. */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ProviderUnavailableProblem"] | components["schemas"]["RefundPendingProblem"];
+                };
+            };
+            /** @description Any stored answer replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
+            default: {
+                headers: {
+                    /** @description true when this is the stored answer of an earlier request with the same key */
+                    "Idempotent-Replayed"?: "true";
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    findRefund: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RefundView"];
+                };
+            };
+            /** @description Missing or invalid API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The API key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description No such refund for this client. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:refund-not-found",
+                     *       "title": "Refund not found",
+                     *       "status": 404,
+                     *       "detail": "There is no refund 1d4a8e2b-3c5f-4a7d-9e1b-6c8d0f2a4b6e."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["RefundNotFoundProblem"];
                 };
             };
         };
