@@ -149,12 +149,13 @@ describe('order lifecycle: transitions, history, optimistic locking', () => {
       try {
         await other.query('BEGIN');
         await other.query(`UPDATE orders SET status = 'paid', version = version + 1 WHERE id = $1`, [id]);
-        // The cancel's snapshot still says created; it must wait for the row lock, then see paid.
+        // The cancel's snapshot still says created; it must wait for the row lock, then see paid. (The
+        // service's own connections are the ones named idempotent-orders; this test's are not.)
         const cancel = move(id, 'cancel').then((res) => res);
         let waiting = 0;
         for (let polls = 0; waiting === 0 && polls < 100_000; polls++) {
           const { rows } = await t.db.query(
-            `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%order_events%'`,
+            `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name = 'idempotent-orders'`,
           );
           waiting = rows[0].n;
         }

@@ -167,8 +167,20 @@ function reconcileInterval(env: Env): number {
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
+/** Where the database is: all the migration CLI needs (it serves no request, so no API or webhook secret). */
+export type DatabaseConfig = Pick<AppConfig, 'databaseUrl' | 'embeddedPgDir' | 'embeddedPgPort'>;
+
+export function loadDatabaseConfig(env: Env = process.env): DatabaseConfig {
+  return {
+    databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']),
+    embeddedPgDir: env.EMBEDDED_PG_DIR || '.data/postgres',
+    // 54329: next to PostgreSQL's 5432 but off it, so a local server on 5432 does not collide.
+    embeddedPgPort: integer(env, 'EMBEDDED_PG_PORT', 54329, 1024, 65535),
+  };
+}
+
 export function loadConfig(env: Env = process.env): AppConfig {
-  const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']);
+  const { databaseUrl, embeddedPgDir, embeddedPgPort } = loadDatabaseConfig(env);
   const rawKeys = env.API_KEYS?.trim();
   if (!rawKeys && databaseUrl) {
     // The dev key is published in the README: it must never guard a real database.
@@ -207,9 +219,8 @@ export function loadConfig(env: Env = process.env): AppConfig {
     // 3000: what a Nest (or any Node) developer tries first. 0 = any free port (tests).
     port: integer(env, 'PORT', 3000, 0, 65535),
     databaseUrl,
-    embeddedPgDir: env.EMBEDDED_PG_DIR || '.data/postgres',
-    // 54329: next to PostgreSQL's 5432 but off it, so a local server on 5432 does not collide.
-    embeddedPgPort: integer(env, 'EMBEDDED_PG_PORT', 54329, 1024, 65535),
+    embeddedPgDir,
+    embeddedPgPort,
     apiClients: rawKeys ? apiClients(rawKeys) : [DEV_API_CLIENT],
     usingDevApiKey: !rawKeys,
     // 24 h, as Stripe: long enough for a client's retries across an outage, short enough to bound the table.

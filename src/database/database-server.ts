@@ -1,4 +1,4 @@
-import type { AppConfig } from '../config/app-config.js';
+import type { DatabaseConfig } from '../config/app-config.js';
 import { startEmbeddedPostgres } from './embedded-postgres.js';
 
 export interface DatabaseServer {
@@ -8,7 +8,7 @@ export interface DatabaseServer {
 }
 
 /** DATABASE_URL when set; otherwise the embedded PostgreSQL in EMBEDDED_PG_DIR (kept across runs). */
-export async function openDatabaseServer(config: AppConfig, log: (line: string) => void): Promise<DatabaseServer> {
+export async function openDatabaseServer(config: DatabaseConfig, log: (line: string) => void): Promise<DatabaseServer> {
   if (config.databaseUrl) {
     return { url: config.databaseUrl, embedded: false, stop: () => Promise.resolve() };
   }

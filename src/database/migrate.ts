@@ -7,7 +7,8 @@
  */
 import { writeFileSync } from 'node:fs';
 import { DataSource, MigrationExecutor } from 'typeorm';
-import { loadConfig } from '../config/app-config.js';
+import { loadDatabaseConfig } from '../config/app-config.js';
+import { loadEnvFile } from '../config/load-env-file.js';
 import { openDatabaseServer } from './database-server.js';
 import { typeormOptions } from './typeorm-options.js';
 
@@ -46,7 +47,9 @@ async function migrationStatus(dataSource: DataSource): Promise<{ lines: string[
 
 async function main(): Promise<number> {
   const [command, name] = process.argv.slice(2);
-  const config = loadConfig();
+  // As `npm start` does: ./.env first (the real environment wins), then only what locates the database.
+  loadEnvFile();
+  const config = loadDatabaseConfig();
   const server = await openDatabaseServer(config, () => undefined);
   const dataSource = new DataSource(typeormOptions(server.url, { lockTimeoutMs: 60_000 }));
   try {
