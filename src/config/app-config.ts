@@ -115,7 +115,7 @@ export function loadConfig(env: Env = process.env): AppConfig {
   if (!(LOG_LEVELS as readonly string[]).includes(logLevel)) {
     throw new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`, logLevel);
   }
-  const pspWebhookSecret = env.PSP_WEBHOOK_SECRET || 'whsec_dev_only_change_me';
+  const pspWebhookSecret = env.PSP_WEBHOOK_SECRET || 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=';
   if (pspWebhookSecret.length < 16) {
     throw new ConfigError('PSP_WEBHOOK_SECRET', 'must be at least 16 characters', '***');
   }
