@@ -5,6 +5,7 @@ import { IdempotencyKeys1764414200000 } from './1764414200000-idempotency-keys.j
 import { SubmitTokens1764414300000 } from './1764414300000-submit-tokens.js';
 import { OrderCreationDigest1764414400000 } from './1764414400000-order-creation-digest.js';
 import { Payments1764414600000 } from './1764414600000-payments.js';
+import { Webhooks1764414700000 } from './1764414700000-webhooks.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -13,4 +14,5 @@ export const migrations = [
   SubmitTokens1764414300000,
   OrderCreationDigest1764414400000,
   Payments1764414600000,
+  Webhooks1764414700000,
 ];
