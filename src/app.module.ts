@@ -1,4 +1,4 @@
-import { type DynamicModule, Module } from '@nestjs/common';
+import { type DynamicModule, Global, Module } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
@@ -15,7 +15,9 @@ import { HealthModule } from './health/health.module.js';
 import { IdempotencyModule } from './idempotency/idempotency.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
 import { OrdersModule } from './orders/orders.module.js';
+import { PspClient } from './psp-client/psp-client.js';
 import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
+import { WebhooksModule } from './webhooks/webhooks.module.js';
 
 /** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -35,6 +37,11 @@ function requestId(req: WithId, res: ServerResponse): string {
   res.setHeader('X-Request-Id', req.id);
   return req.id;
 }
+
+/** TEMPORARY, until h7's global PspClientModule is registered here: the payments module (which the webhooks import) needs a PspClient. */
+@Global()
+@Module({ providers: [PspClient], exports: [PspClient] })
+class PspClientStubModule {}
 
 export interface AppOptions {
   config: AppConfig;
@@ -78,6 +85,8 @@ export class AppModule {
         IdempotencyModule,
         OrdersModule,
         SubmitTokensModule,
+        PspClientStubModule,
+        WebhooksModule,
       ],
       providers: [
         { provide: APP_GUARD, useClass: ApiKeyGuard },

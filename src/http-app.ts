@@ -9,6 +9,7 @@ import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, assignRequestId } from './app.module.js';
 import { ProblemException } from './common/problem.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
+import { isWebhookDelivery } from './webhooks/webhook-raw-body.js';
 
 /**
  * The largest body we parse. A create has at most 100 short lines (~15 KiB of JSON); 64 KiB leaves
@@ -64,6 +65,8 @@ export function bodyDefect(value: unknown, maxDepth: number): string | undefined
 }
 
 function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
+  // A webhook's raw bytes: its consumer reads them once the signature says who sent them.
+  if (Buffer.isBuffer(req.body)) return next();
   const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
   next(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
 }
@@ -114,6 +117,9 @@ export async function createHttpApp(options: AppOptions): Promise<NestExpressApp
     next();
   });
   app.use(requireJsonBody);
+  // The webhook route keeps the exact bytes sent (a Buffer in req.body): its signature is over them.
+  // Registered before the JSON parser, which then skips that request; other routes only pay the URL test.
+  app.useBodyParser('raw', { limit: BODY_LIMIT, type: isWebhookDelivery });
   app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
   app.use(refuseUnsafeJson);
   app.useGlobalPipes(
