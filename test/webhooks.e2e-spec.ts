@@ -462,6 +462,22 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
     });
   });
 
+  it('the OpenAPI document: no API key (security: []), the three signature headers, 200/400/401/503 with problem examples', async () => {
+    const res = await request(t.url).get('/docs-json');
+    expect(res.status).toBe(200);
+    const op = res.body.paths['/webhooks/psp'].post;
+    expect(op.tags).toEqual(['webhooks']);
+    expect(op.security).toEqual([]);
+    const headers = op.parameters.filter((p: { in: string }) => p.in === 'header').map((p: { name: string; required: boolean }) => [p.name, p.required]);
+    expect(headers.sort()).toEqual([
+      ['webhook-id', true],
+      ['webhook-signature', true],
+      ['webhook-timestamp', true],
+    ]);
+    expect(Object.keys(op.responses)).toEqual(expect.arrayContaining(['200', '400', '401', '503']));
+    expect(op.responses['401'].content['application/problem+json'].example.type).toBe('urn:idempotent-orders:problem:webhook-signature-invalid');
+  });
+
   it('/metrics shows the age of the oldest pending payment and refund', async () => {
     await orderWithPayment();
     await t.db.query(`UPDATE payments SET created_at = now() - interval '1 hour' WHERE id = (SELECT id FROM payments WHERE status = 'pending' ORDER BY created_at LIMIT 1)`);

@@ -23,6 +23,8 @@ export class WebhooksController {
       'redelivery (later or concurrent) answers 200 `duplicate` and changes nothing. Events never move a payment, refund or order backwards; an ' +
       'event for an unknown or already-settled payment, of an unknown type, or whose amount or currency differs from ours is recorded with no effect. ' +
       'A charge.succeeded for a payment we failed is refunded automatically.',
+    // No API key: the signature authenticates the delivery.
+    security: [],
   })
   @ApiHeader({ name: 'webhook-id', required: true, description: 'The event id: the same on every delivery of one event.', schema: { type: 'string', maxLength: 255, example: 'msg_2b7c9e' } })
   @ApiHeader({ name: 'webhook-timestamp', required: true, description: 'Unix seconds when this delivery was signed; refused when more than 5 minutes away from now.', schema: { type: 'string', example: '1764475200' } })
