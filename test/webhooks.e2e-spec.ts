@@ -434,6 +434,20 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       expect(await metric('payments_late_charge_refunds_total', 'outcome="requested"')).toBe(requestedBefore + 1);
     });
 
+    it('a second charge for a payment that succeeded with another charge is refunded too; the payment and order stay as they are', async () => {
+      answer = () => ({ kind: 'succeeded', value: refundOf(calls[calls.length - 1].body) });
+      const p = await orderWithPayment();
+      expect((await deliver(chargeEvent('charge.succeeded', p))).body.outcome).toBe('applied');
+      const second = chargeEvent('charge.succeeded', p, { chargeId: 'ch_second' });
+      const res = await deliver(second);
+      expect(res.body).toMatchObject({ outcome: 'applied', detail: 'second-charge: refund requested' });
+      const [row] = await until(() => lateRefunds(p.paymentId), (rows) => rows[0]?.status !== 'pending');
+      expect(row).toMatchObject({ charge_id: 'ch_second', status: 'succeeded', outbound_key: 'late_ch_second' });
+      expect(calls.map((c) => c.body.chargeId)).toEqual(['ch_second']);
+      expect(await payment(p.paymentId)).toMatchObject({ status: 'succeeded', provider_transaction_id: `ch_${p.paymentId.slice(0, 8)}` });
+      expect(await order(p.orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+    });
+
     it('an unknown outcome leaves the refund pending; the retry uses the same outbound key, and the refund.succeeded webhook settles it too', async () => {
       answer = () => ({ kind: 'unknown', reason: 'timeout' });
       const p = await orderWithPayment('failed');

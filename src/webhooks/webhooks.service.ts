@@ -192,27 +192,29 @@ export class WebhooksService {
       // Someone else settled it first: judge the event against what they decided.
       payment = (await this.paymentFacts(data.paymentId))!;
     }
-    if (type === 'charge.succeeded' && payment.status === 'failed') return this.lateCharge(payment, data);
+    if (type === 'charge.succeeded' && payment.status === 'failed') return this.lateCharge(payment, data, 'late-charge');
     if (type === 'charge.succeeded' && payment.provider_transaction_id !== null && payment.provider_transaction_id !== data.chargeId) {
-      return { ...noEffect(`second-charge: payment succeeded with ${payment.provider_transaction_id}, not ${data.chargeId}`, ids), alert: true };
+      // A second charge for one payment (the provider did not dedupe our outbound key): the money is taken twice, so it goes back too.
+      this.logger.error({ paymentId: payment.id, chargeId: data.chargeId, settledWith: payment.provider_transaction_id, alert: true }, 'a second charge for a succeeded payment');
+      return this.lateCharge(payment, data, 'second-charge');
     }
     return noEffect(`already-settled: payment is ${payment.status}`, ids);
   }
 
   /**
-   * The provider charged a payment we hold as failed (the charge landed after we gave it up): the
-   * money goes back. The pending refund is recorded with the event, once per charge; the provider
+   * The provider charged a payment we hold as failed (the charge landed after we gave it up), or
+   * charged a succeeded one a second time: the money goes back. The pending refund is recorded with the event, once per charge; the provider
    * is called after the commit, under a key derived from the charge.
    */
-  private async lateCharge(payment: PaymentFacts, data: ChargeEventData): Promise<Effect> {
+  private async lateCharge(payment: PaymentFacts, data: ChargeEventData, what: 'late-charge' | 'second-charge'): Promise<Effect> {
     const [recorded] = await this.db.query<{ id: string }>(
       `INSERT INTO late_charge_refunds (charge_id, payment_id, amount_minor, outbound_key) VALUES ($1, $2, $3, $4)
        ON CONFLICT (charge_id) DO NOTHING
        RETURNING id`,
       [data.chargeId, payment.id, data.amountMinor, lateRefundKeyOf(data.chargeId)],
     );
-    if (!recorded) return noEffect('late-charge: its refund was already requested', { paymentId: payment.id });
-    return { ...applied('late-charge: refund requested', { paymentId: payment.id }), lateRefundId: recorded.id, alert: false };
+    if (!recorded) return noEffect(`${what}: its refund was already requested`, { paymentId: payment.id });
+    return { ...applied(`${what}: refund requested`, { paymentId: payment.id }), lateRefundId: recorded.id };
   }
 
   private async refundEvent(type: 'refund.succeeded' | 'refund.failed', data: RefundEventData): Promise<Effect> {
