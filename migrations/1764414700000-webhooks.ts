@@ -22,6 +22,8 @@ export class Webhooks1764414700000 implements MigrationInterface {
         CONSTRAINT "pk_processed_webhook_events" PRIMARY KEY ("webhook_id"),
         CONSTRAINT "ck_processed_webhook_events_outcome" CHECK ("outcome" IN ('applied', 'no_effect'))
       )`);
+    // The reaper deletes rows past their retention, oldest first.
+    await queryRunner.query(`CREATE INDEX "ix_processed_webhook_events_received_at" ON "processed_webhook_events" ("received_at")`);
 
     await queryRunner.query(`
       CREATE TABLE "late_charge_refunds" (

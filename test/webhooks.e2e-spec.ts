@@ -4,6 +4,7 @@ import request from 'supertest';
 import type { PspCallResult, PspRefund, RefundRequest } from '../src/psp-client/psp-client';
 import { PspClient } from '../src/psp-client/psp-client';
 import { LateChargeRefunder } from '../src/webhooks/late-charge-refunder';
+import { ProcessedWebhookEventReaper } from '../src/webhooks/processed-webhook-event-reaper';
 import { ALICE, bearer, startTestApp, type TestApp } from './support/test-app';
 
 const PROBLEM_JSON = /^application\/problem\+json/;
@@ -490,6 +491,20 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
     ]);
     expect(Object.keys(op.responses)).toEqual(expect.arrayContaining(['200', '400', '401', '503']));
     expect(op.responses['401'].content['application/problem+json'].example.type).toBe('urn:idempotent-orders:problem:webhook-signature-invalid');
+  });
+
+  it('the reaper forgets processed events past their retention (30 days), and only those', async () => {
+    const old = `msg_${randomUUID()}`;
+    const recent = `msg_${randomUUID()}`;
+    await t.db.query(
+      `INSERT INTO processed_webhook_events (webhook_id, type, outcome, detail, received_at)
+       VALUES ($1, 'charge.succeeded', 'applied', 'payment-succeeded', now() - interval '31 days'),
+              ($2, 'charge.succeeded', 'applied', 'payment-succeeded', now() - interval '29 days')`,
+      [old, recent],
+    );
+    expect(await t.app.get(ProcessedWebhookEventReaper).reapOldEvents()).toBeGreaterThanOrEqual(1);
+    expect(await processed(old)).toHaveLength(0);
+    expect(await processed(recent)).toHaveLength(1);
   });
 
   it('/metrics shows the age of the oldest pending payment and refund', async () => {

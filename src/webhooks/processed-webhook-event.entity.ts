@@ -1,9 +1,10 @@
-import { Check, Column, Entity, PrimaryColumn } from 'typeorm';
+import { Check, Column, Entity, Index, PrimaryColumn } from 'typeorm';
 
 export type WebhookEffect = 'applied' | 'no_effect';
 
 /** A provider event this service has processed, and what it did (migration 1764414700000 says what each constraint prevents). */
 @Entity('processed_webhook_events')
+@Index('ix_processed_webhook_events_received_at', ['receivedAt'])
 @Check('ck_processed_webhook_events_outcome', `"outcome" IN ('applied', 'no_effect')`)
 export class ProcessedWebhookEvent {
   /** The `webhook-id` header: the same for every delivery of one event. */
