@@ -334,6 +334,7 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       expect(await metric('webhook_events_total', 'outcome="duplicate"')).toBe(before.duplicate + 1);
       expect(await metric('webhook_events_total', 'outcome="received"')).toBeGreaterThanOrEqual(3);
       expect(await metric('webhook_events_total', 'outcome="applied"')).toBeGreaterThanOrEqual(1);
+      expect(await processed(id)).toEqual([expect.objectContaining({ outcome: 'applied' })]);
     });
   });
 

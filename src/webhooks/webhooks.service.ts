@@ -84,7 +84,7 @@ export class WebhooksService {
     this.metrics.events.inc({ outcome: 'received' });
     const webhookId = this.verify(rawBody, headers);
     const event = parsePspWebhookEvent(rawBody);
-    const type = event.kind === 'malformed' ? event.type : event.type;
+    const type = event.type;
     let effect: Effect | undefined;
     try {
       effect = await retryOnceOnDeadlock(() => this.db.transaction(() => this.process(webhookId, event)));
