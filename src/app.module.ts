@@ -20,6 +20,7 @@ import { PaymentsModule } from './payments/payments.module.js';
 import { PspClientModule } from './psp-client/psp-client.module.js';
 import { PspSandboxModule } from './psp-sandbox/psp-sandbox.module.js';
 import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
+import { WebhooksModule } from './webhooks/webhooks.module.js';
 
 /** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -96,6 +97,7 @@ export class AppModule {
           }),
         }),
         PaymentsModule,
+        WebhooksModule,
       ],
       providers: [
         { provide: APP_GUARD, useClass: ApiKeyGuard },

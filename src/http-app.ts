@@ -11,6 +11,7 @@ import { problemSchemas } from './common/api-problem-responses.js';
 import { ProblemException } from './common/problem.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from './psp-sandbox/psp-sandbox.controller.js';
+import { isWebhookDelivery } from './webhooks/webhook-raw-body.js';
 
 /**
  * The largest body we parse. A create has at most 100 short lines (~15 KiB of JSON); 64 KiB leaves
@@ -66,6 +67,8 @@ export function bodyDefect(value: unknown, maxDepth: number): string | undefined
 }
 
 function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
+  // A webhook's raw bytes: its consumer reads them once the signature says who sent them.
+  if (Buffer.isBuffer(req.body)) return next();
   const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
   next(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
 }
@@ -96,6 +99,7 @@ export function buildOpenApiDocument(app: INestApplication) {
     .addServer('/', 'This server')
     .addTag('orders', 'Create orders safely (Idempotency-Key or Submit-Token), read them, change them, move them through their states.')
     .addTag('payments', 'Pay orders and refund payments through the provider: atomic phases under the Idempotency-Key, never two charges.')
+    .addTag('webhooks', "The provider's events, delivered at least once and applied exactly once (Standard Webhooks signatures; no API key).")
     .addTag('operations', 'Health and metrics for operators; no API key.')
     .addTag(PSP_SANDBOX_TAG.name, PSP_SANDBOX_TAG.description)
     .addBearerAuth({ type: 'http', scheme: 'bearer', description: 'An API key from API_KEYS' }, BEARER_AUTH)
@@ -133,6 +137,9 @@ export async function createHttpApp(options: AppOptions): Promise<NestExpressApp
     next();
   });
   app.use(requireJsonBody);
+  // The webhook route keeps the exact bytes sent (a Buffer in req.body): its signature is over them.
+  // Registered before the JSON parser, which then skips that request; other routes only pay the URL test.
+  app.useBodyParser('raw', { limit: BODY_LIMIT, type: isWebhookDelivery });
   app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
   app.use(refuseUnsafeJson);
   app.useGlobalPipes(

@@ -6,9 +6,11 @@ import { OrderItem } from '../orders/order-item.entity.js';
 import { Payment } from '../payments/payment.entity.js';
 import { Refund } from '../payments/refund.entity.js';
 import { SubmitToken } from '../submit-tokens/submit-token.entity.js';
+import { LateChargeRefund } from '../webhooks/late-charge-refund.entity.js';
+import { ProcessedWebhookEvent } from '../webhooks/processed-webhook-event.entity.js';
 import { migrations } from '../../migrations/index.js';
 
-export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund];
+export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund, ProcessedWebhookEvent, LateChargeRefund];
 
 export interface DatabaseTuning {
   /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */

@@ -12,6 +12,8 @@ export type PaymentStatus = 'pending' | 'succeeded' | 'failed';
 @Index('ux_payments_one_active_per_order', ['orderId'], { unique: true, where: `"status" IN ('pending', 'succeeded')` })
 @Index('ix_payments_order_created', ['orderId', 'createdAt'])
 @Index('ix_payments_idempotency_key', ['idempotencyKeyId'])
+// Created by the webhooks migration (1764414700000) for the oldest-pending gauge.
+@Index('ix_payments_pending_created', ['createdAt'], { where: `"status" = 'pending'` })
 @Check('ck_payments_status', `"status" IN ('pending', 'succeeded', 'failed')`)
 @Check('ck_payments_amount_minor', `"amount_minor" > 0`)
 @Check('ck_payments_currency', `"currency" ~ '^[A-Z]{3}$'`)

@@ -9,6 +9,8 @@ import type { Payment, PaymentStatus } from './payment.entity.js';
 @Unique('uq_refunds_outbound_key', ['outboundKey'])
 @Index('ix_refunds_payment_created', ['paymentId', 'createdAt'])
 @Index('ix_refunds_idempotency_key', ['idempotencyKeyId'])
+// Created by the webhooks migration (1764414700000) for the oldest-pending gauge.
+@Index('ix_refunds_pending_created', ['createdAt'], { where: `"status" = 'pending'` })
 @Check('ck_refunds_status', `"status" IN ('pending', 'succeeded', 'failed')`)
 @Check('ck_refunds_amount_minor', `"amount_minor" > 0`)
 @Check('ck_refunds_succeeded_has_provider_refund', `"status" <> 'succeeded' OR "provider_refund_id" IS NOT NULL`)

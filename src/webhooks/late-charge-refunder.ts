@@ -1,0 +1,148 @@
+import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
+import type { AppConfig } from '../config/app-config.js';
+import { APP_CONFIG } from '../config/config.module.js';
+import { Database } from '../database/database.service.js';
+import { LEASE_MARGIN_MS } from '../idempotency/atomic-phases.js';
+import { type PspCallResult, PspClient, type PspRefund } from '../psp-client/psp-client.js';
+import { WebhookMetrics } from './webhook-metrics.js';
+
+/**
+ * An attempt claims its row until then: another instance (or the retry job) does not call the
+ * provider for it meanwhile, and a call whose outcome stays unknown is tried again after it.
+ * A minute covers the outbound client's whole retry budget.
+ */
+export const LATE_REFUND_ATTEMPT_SECONDS = 60;
+/** Rows retried per round of the job: each is one provider call. */
+const RETRY_BATCH = 20;
+
+interface LateRefundRow {
+  id: string;
+  charge_id: string;
+  payment_id: string;
+  amount_minor: string;
+  outbound_key: string;
+}
+
+/** The key the provider dedupes a late charge's refund on: derived from the charge, so every attempt, on any instance, is one refund. */
+export const lateRefundKeyOf = (chargeId: string) => `late_${chargeId}`;
+
+/**
+ * Gives back the money of a charge the provider made after we had failed its payment. The webhook
+ * records the refund as pending in the event's transaction (one per charge); this calls the
+ * provider after that commit, outside any transaction, under the outbound key `late_<chargeId>`.
+ * An unknown outcome leaves the row pending: the job retries it every RECONCILE_INTERVAL_MS under
+ * the same key (the provider answers with the same refund), and the provider's refund.* webhook
+ * for it (metadata.refundId = this row's id) settles it too.
+ */
+@Injectable()
+export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
+  private readonly logger = new Logger('LateChargeRefunder');
+  private readonly inFlight = new Set<Promise<unknown>>();
+  private timer?: NodeJS.Timeout;
+
+  constructor(
+    private readonly db: Database,
+    private readonly psp: PspClient,
+    private readonly metrics: WebhookMetrics,
+    @Inject(APP_CONFIG) private readonly config: AppConfig,
+  ) {}
+
+  onModuleInit(): void {
+    if (this.config.reconcileIntervalMs > 0) {
+      this.timer = setInterval(() => {
+        if (this.inFlight.size === 0) this.track(this.retryDue());
+      }, this.config.reconcileIntervalMs);
+      this.timer.unref();
+    }
+  }
+
+  /** Shutdown waits for calls in flight, so none writes into a closed pool. */
+  async onModuleDestroy(): Promise<void> {
+    clearInterval(this.timer);
+    await Promise.allSettled([...this.inFlight]);
+  }
+
+  /** Starts the refund without holding up the webhook's answer: the pending row is the durable record. */
+  refundInBackground(id: string): void {
+    this.track(this.attempt(id));
+  }
+
+  /** Every pending refund that is due; returns how many were attempted. */
+  async retryDue(): Promise<number> {
+    const due = await this.db.query<{ id: string }>(
+      `SELECT id FROM late_charge_refunds WHERE status = 'pending' AND next_attempt_at <= now() ORDER BY next_attempt_at LIMIT $1`,
+      [RETRY_BATCH],
+    );
+    let attempted = 0;
+    for (const { id } of due) if (await this.attempt(id)) attempted++;
+    return attempted;
+  }
+
+  /** One provider call for a pending late refund; false when it is settled or another attempt holds it. */
+  async attempt(id: string): Promise<boolean> {
+    // The claim is a conditional UPDATE: of two instances (or the webhook and the job), one calls.
+    const [row] = await this.db.query<LateRefundRow>(
+      `UPDATE late_charge_refunds
+          SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
+        WHERE id = $1 AND status = 'pending' AND next_attempt_at <= now()
+       RETURNING id, charge_id, payment_id, amount_minor, outbound_key`,
+      [id, LATE_REFUND_ATTEMPT_SECONDS],
+    );
+    if (!row) return false;
+    const deadline = Date.now() + LATE_REFUND_ATTEMPT_SECONDS * 1000 - LEASE_MARGIN_MS;
+    let result: PspCallResult<PspRefund>;
+    try {
+      result = await this.psp.createRefund(
+        { chargeId: row.charge_id, amountMinor: Number(row.amount_minor), metadata: { refundId: row.id, paymentId: row.payment_id } },
+        row.outbound_key,
+        deadline,
+      );
+    } catch (err) {
+      result = { kind: 'unknown', reason: err instanceof Error ? err.message : String(err) };
+    }
+    await this.record(row, result);
+    return true;
+  }
+
+  private async record(row: LateRefundRow, result: PspCallResult<PspRefund>): Promise<void> {
+    const log = { lateRefundId: row.id, chargeId: row.charge_id, paymentId: row.payment_id };
+    switch (result.kind) {
+      case 'succeeded':
+      case 'declined': {
+        const status = result.kind === 'succeeded' ? 'succeeded' : 'failed';
+        await this.settle(row.id, status, result.value.id, result.value.failureCode ?? (status === 'failed' ? 'refund_declined' : null));
+        this.metrics.lateChargeRefunds.inc({ outcome: result.kind });
+        if (status === 'failed') this.logger.error({ ...log, alert: true }, 'the provider declined the refund of a late charge: refund it by hand');
+        else this.logger.log(log, 'late charge refunded');
+        return;
+      }
+      case 'refused':
+        await this.settle(row.id, 'failed', null, 'provider_refused');
+        this.metrics.lateChargeRefunds.inc({ outcome: 'refused' });
+        this.logger.error({ ...log, alert: true, status: result.status, detail: result.detail }, 'the provider refused the refund of a late charge: refund it by hand');
+        return;
+      default:
+        // Not known whether it was refunded: stays pending, tried again under the same key when due.
+        this.metrics.lateChargeRefunds.inc({ outcome: 'unknown' });
+        this.logger.warn({ ...log, result }, 'late charge refund outcome unknown; will retry under the same outbound key');
+    }
+  }
+
+  /** Settles the row once, whoever learns the outcome first (this call, a retry, the provider's refund webhook). */
+  async settle(id: string, status: 'succeeded' | 'failed', providerRefundId: string | null, failureCode: string | null): Promise<boolean> {
+    const rows = await this.db.query(
+      `UPDATE late_charge_refunds
+          SET status = $2, provider_refund_id = coalesce($3, provider_refund_id), failure_code = $4, updated_at = now()
+        WHERE id = $1 AND status = 'pending'
+       RETURNING id`,
+      [id, status, providerRefundId, failureCode],
+    );
+    return rows.length === 1;
+  }
+
+  private track(work: Promise<unknown>): void {
+    const tracked = work.catch((err: unknown) => this.logger.error({ err }, 'late charge refund failed; will retry when due'));
+    this.inFlight.add(tracked);
+    void tracked.finally(() => this.inFlight.delete(tracked));
+  }
+}

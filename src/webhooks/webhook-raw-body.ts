@@ -1,0 +1,13 @@
+import type { IncomingMessage } from 'node:http';
+
+/** Where the provider delivers its events. */
+export const WEBHOOK_PATH = '/webhooks/psp';
+
+/** Express routes case-insensitively and ignores a trailing slash; so does this. */
+const WEBHOOK_ROUTE = /^\/webhooks\/psp\/?(?:\?|$)/i;
+
+/**
+ * The body parser's `type` test for the one route whose body must stay the exact bytes sent: the
+ * signature is over them, and re-serialised JSON would not match. Every other route is untouched.
+ */
+export const isWebhookDelivery = (req: IncomingMessage): boolean => WEBHOOK_ROUTE.test(req.url ?? '');
