@@ -58,6 +58,7 @@ export class WebhooksController {
       description: 'The event could not be processed (a database error); nothing was recorded, so a redelivery applies it once.',
       headers: { 'Retry-After': { description: 'seconds', schema: { type: 'string' } } },
       example: { type: 'urn:idempotent-orders:problem:webhook-not-processed', title: 'Webhook not processed', status: 503, detail: 'The event could not be processed right now and nothing was recorded: deliver it again.', webhookId: 'msg_2b7c9e' },
+      members: { webhookId: { type: 'string', description: 'The webhook-id of the event that was not processed.' } },
     },
   )
   receive(@Req() req: Request): Promise<WebhookReceiptView> {

@@ -328,6 +328,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/webhooks/psp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Receive the payment provider's events
+         * @description Standard Webhooks: the signature (HMAC-SHA256 with PSP_WEBHOOK_SECRET over `webhook-id.webhook-timestamp.body`, the exact bytes sent) must match and the timestamp be within 5 minutes. Each event is processed once: its webhook-id is recorded in the same transaction as its effect, so a redelivery (later or concurrent) answers 200 `duplicate` and changes nothing. Events never move a payment, refund or order backwards; an event for an unknown or already-settled payment, of an unknown type, or whose amount or currency differs from ours is recorded with no effect. A charge.succeeded for a payment we failed is refunded automatically.
+         */
+        post: operations["receive"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -636,6 +656,59 @@ export interface components {
         };
         RefundList: {
             items: components["schemas"]["RefundView"][];
+        };
+        PspWebhookEventData: {
+            /** @example ch_3f9a1c */
+            chargeId: string;
+            /**
+             * @description Refund events only
+             * @example re_7b21d0
+             */
+            providerRefundId?: string;
+            /**
+             * Format: uuid
+             * @description Refund events only: our refund id, from the metadata we sent
+             */
+            refundId?: string;
+            /**
+             * Format: uuid
+             * @description Our payment id, from the metadata we sent
+             */
+            paymentId: string;
+            /** Format: uuid */
+            orderId: string;
+            /** @example 2500 */
+            amountMinor: number;
+            /** @example EUR */
+            currency: string;
+            /** @enum {string} */
+            status: "succeeded" | "failed";
+            /** @example card_declined */
+            failureCode?: string | null;
+        };
+        PspWebhookEvent: {
+            /**
+             * @description Other types are acknowledged and ignored.
+             * @enum {string}
+             */
+            type: "charge.succeeded" | "charge.failed" | "refund.succeeded" | "refund.failed";
+            /** Format: date-time */
+            timestamp: string;
+            data: components["schemas"]["PspWebhookEventData"];
+        };
+        WebhookReceiptView: {
+            /** @example msg_2b7c9e */
+            webhookId: string;
+            /**
+             * @description applied: the event settled something; no_effect: recorded, nothing to change (see detail); duplicate: processed before, nothing done again.
+             * @enum {string}
+             */
+            outcome: "applied" | "no_effect" | "duplicate";
+            /**
+             * @description What it did, or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).
+             * @example payment-succeeded
+             */
+            detail: string;
         };
         /** @description The problem of type urn:idempotent-orders:problem:unsupported-media-type (Unsupported Media Type). */
         UnsupportedMediaTypeProblem: {
@@ -1259,6 +1332,50 @@ export interface components {
             status: number;
             /** @description What went wrong this time, for people. */
             detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:webhook-id-invalid (webhook-id not accepted). */
+        WebhookIdInvalidProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:webhook-id-invalid";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:webhook-signature-invalid (Webhook signature not valid). */
+        WebhookSignatureInvalidProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:webhook-signature-invalid";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:webhook-not-processed (Webhook not processed). */
+        WebhookNotProcessedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:webhook-not-processed";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /** @description The webhook-id of the event that was not processed. */
+            webhookId: string;
         };
     };
     responses: never;
@@ -3097,6 +3214,108 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["RefundNotFoundProblem"];
+                };
+            };
+        };
+    };
+    receive: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description Space-separated `v1,<base64 signature>` entries; any one that matches passes (secret rotation). */
+                "webhook-signature": string;
+                /** @description Unix seconds when this delivery was signed; refused when more than 5 minutes away from now. */
+                "webhook-timestamp": string;
+                /** @description The event id: the same on every delivery of one event. */
+                "webhook-id": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PspWebhookEvent"];
+            };
+        };
+        responses: {
+            /** @description Processed now (applied or no_effect) or before (duplicate). The provider stops delivering it. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookReceiptView"];
+                };
+            };
+            /** @description A correctly signed delivery whose webhook-id is longer than 255 characters. Nothing recorded. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:webhook-id-invalid",
+                     *       "title": "webhook-id not accepted",
+                     *       "status": 400,
+                     *       "detail": "webhook-id must be 1 to 255 characters: nothing was recorded."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["WebhookIdInvalidProblem"];
+                };
+            };
+            /** @description Signature headers missing, no matching signature, or a timestamp more than 5 minutes old or ahead. Nothing recorded. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:webhook-signature-invalid",
+                     *       "title": "Webhook signature not valid",
+                     *       "status": 401,
+                     *       "detail": "No matching signature found: nothing was recorded."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["WebhookSignatureInvalidProblem"];
+                };
+            };
+            /** @description The body is not sent as application/json. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
+                     *       "title": "Unsupported Media Type",
+                     *       "status": 415,
+                     *       "detail": "Send the request body as application/json."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /** @description The event could not be processed (a database error); nothing was recorded, so a redelivery applies it once. */
+            503: {
+                headers: {
+                    /** @description seconds */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:webhook-not-processed",
+                     *       "title": "Webhook not processed",
+                     *       "status": 503,
+                     *       "detail": "The event could not be processed right now and nothing was recorded: deliver it again.",
+                     *       "webhookId": "msg_2b7c9e"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["WebhookNotProcessedProblem"];
                 };
             };
         };
