@@ -1,11 +1,13 @@
 /**
  * The database goes away under load and comes back: the service must survive it, answer 503 +
  * Retry-After meanwhile (fast, never a 500 or a hang), say so on /health, and serve again by
- * itself afterwards with every acknowledged write in place. Runs its own embedded PostgreSQL.
+ * itself afterwards with every acknowledged write in place. Also: a stale postmaster.pid naming a
+ * process that is not our postmaster is never signalled. Runs its own embedded PostgreSQL.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { once } from 'node:events';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -174,4 +176,42 @@ describe('a PostgreSQL restart under load', () => {
     );
     expect(rows[0]).toEqual({ orders: Math.min(20, refusedKeys.length), keys: Math.min(20, refusedKeys.length), stuck: 0 });
   }, 180_000);
+});
+
+describe('a stale postmaster.pid', () => {
+  let dir: string;
+  let server: EmbeddedServer | undefined;
+  let sleeper: ReturnType<typeof spawn> | undefined;
+
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-stale-pid-'));
+    await chmod(dir, 0o755);
+  });
+  afterAll(async () => {
+    sleeper?.kill('SIGKILL');
+    await server?.stop().catch(() => undefined);
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('naming a process that is not our postmaster: that process is left alone, and the server starts', async () => {
+    const dataDir = join(dir, 'pg');
+    const port = await freePort();
+    server = await startEmbeddedPostgres({ dir: dataDir, port, fast: true });
+    await server.stop();
+    server = undefined;
+    // After a reboot the pid in the file can belong to anything: here, a process of ours.
+    sleeper = spawn('sleep', ['300'], { stdio: 'ignore' });
+    await once(sleeper, 'spawn');
+    await writeFile(join(dataDir, 'postmaster.pid'), `${sleeper.pid}\n${dataDir}\n0\n${port}\n\n127.0.0.1\n0 0\nready\n`);
+
+    server = await startEmbeddedPostgres({ dir: dataDir, port, fast: true });
+    expect(sleeper.exitCode).toBeNull();
+    expect(sleeper.signalCode).toBeNull();
+    const db = ignoreIdleErrors(new Pool({ connectionString: server.url, max: 1 }));
+    try {
+      expect((await db.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+    } finally {
+      await db.end();
+    }
+  });
 });
