@@ -30,7 +30,7 @@ ${lines(down)}
 async function main(): Promise<number> {
   const [command, name] = process.argv.slice(2);
   const config = loadConfig();
-  const server = await openDatabaseServer(config, () => undefined);
+  const server = await openDatabaseServer(config);
   const dataSource = new DataSource(typeormOptions(server.url, { lockTimeoutMs: 60_000 }));
   try {
     await dataSource.initialize();
