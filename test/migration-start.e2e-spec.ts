@@ -10,8 +10,8 @@ import { fingerprintRequest } from '../src/idempotency/request-fingerprint';
 import { type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase, ignoreIdleErrors } from './support/test-app';
 
-/** Well above IDEMPOTENCY_WAIT_MS plus a loaded machine's latency, well below the 30 s statement timeout a leaked lock_timeout = 0 would reach. */
-const ANSWER_DEADLINE_MS = 15_000;
+/** Well above IDEMPOTENCY_WAIT_MS plus a loaded machine's latency, below the 30 s statement timeout a leaked lock_timeout = 0 would reach. */
+const ANSWER_DEADLINE_MS = 20_000;
 
 describe('the service after applying migrations at start-up', () => {
   let database: { url: string; drop(): Promise<void> };

@@ -7,6 +7,7 @@
 import { writeFileSync } from 'node:fs';
 import { DataSource } from 'typeorm';
 import { loadConfig } from '../config/app-config.js';
+import { applyMigrations } from './apply-migrations.js';
 import { openDatabaseServer } from './database-server.js';
 import { typeormOptions } from './typeorm-options.js';
 
@@ -36,8 +37,9 @@ async function main(): Promise<number> {
     await dataSource.initialize();
     switch (command) {
       case 'run': {
-        const applied = await dataSource.runMigrations({ transaction: 'each' });
-        console.log(applied.length ? applied.map((m) => `applied ${m.name}`).join('\n') : 'no pending migrations');
+        // Under the same advisory lock as a starting service, so the two never migrate at once.
+        const applied = await applyMigrations(dataSource);
+        console.log(applied.length ? applied.map((name) => `applied ${name}`).join('\n') : 'no pending migrations');
         return 0;
       }
       case 'revert':
