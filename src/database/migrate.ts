@@ -8,6 +8,7 @@
 import { writeFileSync } from 'node:fs';
 import { DataSource, MigrationExecutor } from 'typeorm';
 import { loadConfig } from '../config/app-config.js';
+import { applyMigrations } from './apply-migrations.js';
 import { openDatabaseServer } from './database-server.js';
 import { typeormOptions } from './typeorm-options.js';
 
@@ -47,14 +48,15 @@ async function migrationStatus(dataSource: DataSource): Promise<{ lines: string[
 async function main(): Promise<number> {
   const [command, name] = process.argv.slice(2);
   const config = loadConfig();
-  const server = await openDatabaseServer(config, () => undefined);
+  const server = await openDatabaseServer(config);
   const dataSource = new DataSource(typeormOptions(server.url, { lockTimeoutMs: 60_000 }));
   try {
     await dataSource.initialize();
     switch (command) {
       case 'run': {
-        const applied = await dataSource.runMigrations({ transaction: 'each' });
-        console.log(applied.length ? applied.map((m) => `applied ${m.name}`).join('\n') : 'no pending migrations');
+        // Under the same advisory lock as a starting service, so the two never migrate at once.
+        const applied = await applyMigrations(dataSource);
+        console.log(applied.length ? applied.map((name) => `applied ${name}`).join('\n') : 'no pending migrations');
         return 0;
       }
       case 'revert':
