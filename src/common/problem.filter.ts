@@ -1,11 +1,13 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
 import type { Request, Response } from 'express';
 import { PoolExhaustedError } from '../database/database.service.js';
-import { isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
+import { isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
 /** Seconds to wait before retrying after a lock conflict or a full pool: long enough for most requests in the way to finish. */
 const RETRY_AFTER_SECONDS = 1;
+/** Seconds to wait while the database is unreachable: a restart or failover takes seconds, and sooner retries only meet the same refusal. */
+const DATABASE_RETRY_AFTER_SECONDS = 5;
 
 /** Turns anything thrown into a problem and its headers. Shared by the filter and the idempotency layer, so a stored response is byte-identical to the one first sent. */
 export function toProblem(exception: unknown): { problem: Problem; headers: Record<string, string> } {
@@ -25,6 +27,12 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
     return {
       problem: ProblemException.of(503, 'overloaded', 'Service overloaded', 'Every database connection is busy; retry shortly.').problem,
       headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
+    };
+  }
+  if (isDatabaseUnavailable(exception)) {
+    return {
+      problem: ProblemException.of(503, 'database-unavailable', 'Database unavailable', 'The database cannot be reached right now. Retry shortly with the same Idempotency-Key: a write that did happen is replayed, not repeated.').problem,
+      headers: { 'Retry-After': String(DATABASE_RETRY_AFTER_SECONDS) },
     };
   }
   if (isDataException(exception)) {

@@ -8,10 +8,10 @@ export interface DatabaseServer {
 }
 
 /** DATABASE_URL when set; otherwise the embedded PostgreSQL in EMBEDDED_PG_DIR (kept across runs). */
-export async function openDatabaseServer(config: DatabaseConfig, log: (line: string) => void): Promise<DatabaseServer> {
+export async function openDatabaseServer(config: DatabaseConfig): Promise<DatabaseServer> {
   if (config.databaseUrl) {
     return { url: config.databaseUrl, embedded: false, stop: () => Promise.resolve() };
   }
-  const server = await startEmbeddedPostgres({ dir: config.embeddedPgDir, port: config.embeddedPgPort, log });
+  const server = await startEmbeddedPostgres({ dir: config.embeddedPgDir, port: config.embeddedPgPort });
   return { url: server.url, embedded: true, stop: () => server.stop() };
 }

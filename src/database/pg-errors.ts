@@ -3,12 +3,29 @@ import { QueryFailedError } from 'typeorm';
 /** The one place that knows PostgreSQL's SQLSTATE codes. */
 export const PG = {
   uniqueViolation: '23505',
-  checkViolation: '23514',
   lockNotAvailable: '55P03',
   deadlockDetected: '40P01',
   serializationFailure: '40001',
-  queryCanceled: '57014',
+  /** The server is shutting down (smart/fast/immediate stop, or pg_terminate_backend). */
+  adminShutdown: '57P01',
+  /** Another backend crashed and the server is resetting. */
+  crashShutdown: '57P02',
+  /** The server is starting up, shutting down or in recovery: connections are refused for now. */
+  cannotConnectNow: '57P03',
 } as const;
+
+/** SQLSTATE class 08, connection exceptions (the connection failed or was lost). */
+const CONNECTION_EXCEPTION_CLASS = '08';
+
+/** Node's socket errors for a database server that is down, restarting, or cannot be reached right now. */
+const UNREACHABLE_SOCKET_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN']);
+
+/**
+ * pg's own words (its errors carry no code): the socket closed under a client ("Connection
+ * terminated unexpectedly", or "… due to connection timeout" when the connect attempt ran out of
+ * time), or a query was sent on a client whose connection had already failed.
+ */
+const LOST_CONNECTION_MESSAGES = [/^Connection terminated\b/, /^Client has encountered a connection error and is not queryable$/];
 
 interface DriverError {
   code?: string;
@@ -44,4 +61,35 @@ export function isDataException(err: unknown): boolean {
 export function isTransientConflict(err: unknown): boolean {
   const code = pgErrorCode(err);
   return code === PG.lockNotAvailable || code === PG.deadlockDetected || code === PG.serializationFailure;
+}
+
+/** `err` and what it wraps: TypeORM's driverError, an Error's cause, an AggregateError's errors (a connect tried on several addresses). */
+function* errorChain(err: unknown, depth = 0): Generator<unknown> {
+  if (err === null || err === undefined || depth > 5) return;
+  yield err;
+  if (typeof err !== 'object') return;
+  if (err instanceof QueryFailedError) yield* errorChain(err.driverError, depth + 1);
+  if (err instanceof AggregateError) for (const inner of err.errors) yield* errorChain(inner, depth + 1);
+  if (err instanceof Error && err.cause !== undefined) yield* errorChain(err.cause, depth + 1);
+}
+
+function isUnreachable(err: unknown): boolean {
+  if (!err || typeof err !== 'object') return false;
+  const code = 'code' in err && typeof err.code === 'string' ? err.code : undefined;
+  if (code !== undefined) {
+    if (UNREACHABLE_SOCKET_CODES.has(code)) return true;
+    if (code === PG.adminShutdown || code === PG.crashShutdown || code === PG.cannotConnectNow) return true;
+    if ('severity' in err && code.startsWith(CONNECTION_EXCEPTION_CLASS)) return true;
+  }
+  return err instanceof Error && LOST_CONNECTION_MESSAGES.some((m) => m.test(err.message));
+}
+
+/**
+ * The database cannot be reached, or the connection was lost under the request: the server is
+ * down, restarting or failing over. Nothing the request did was committed unless a COMMIT itself
+ * was cut off — which an Idempotency-Key retry resolves. Answered 503 + Retry-After, not 500.
+ */
+export function isDatabaseUnavailable(err: unknown): boolean {
+  for (const e of errorChain(err)) if (isUnreachable(e)) return true;
+  return false;
 }

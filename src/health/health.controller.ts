@@ -1,8 +1,26 @@
-import { Controller, Get } from '@nestjs/common';
-import { ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
-import { HealthCheck, HealthCheckService, TypeOrmHealthIndicator } from '@nestjs/terminus';
+import { Controller, Get, ServiceUnavailableException } from '@nestjs/common';
+import { ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
+import { HealthCheck, type HealthCheckResult, HealthCheckService, TypeOrmHealthIndicator } from '@nestjs/terminus';
 import { Public } from '../common/api-key.guard.js';
 import { ApiProblems, UNSUPPORTED_MEDIA_TYPE } from '../common/api-problem-responses.js';
+import { ProblemException } from '../common/problem.js';
+
+/** A probe that waits longer than this calls the database down: a health check must answer fast, even during an outage. */
+const PING_TIMEOUT_MS = 1_000;
+/** Seconds a load balancer or a client should wait before asking again: a database restart takes seconds. */
+const DOWN_RETRY_AFTER_SECONDS = 5;
+
+type Indicators = Record<string, { status: string }>;
+
+const HEALTH_INDICATORS: SchemaObject = {
+  type: 'object',
+  description: 'Per check (database), its status: up or down.',
+  additionalProperties: { type: 'object', required: ['status'], properties: { status: { type: 'string', enum: ['up', 'down'] } } },
+};
+
+/** Each check's status only: the driver's message (host, port, error text) is not for an unauthenticated endpoint. */
+const statusOnly = (indicators: HealthCheckResult['info']): Indicators =>
+  Object.fromEntries(Object.entries(indicators ?? {}).map(([name, result]) => [name, { status: result?.status ?? 'down' }]));
 
 @ApiTags('operations')
 @Public()
@@ -25,10 +43,38 @@ export class HealthController {
   @ApiOkResponse({ description: 'The service and its database answer.', schema: { example: { status: 'ok', info: { database: { status: 'up' } }, error: {}, details: { database: { status: 'up' } } } } })
   @ApiProblems(UNSUPPORTED_MEDIA_TYPE, {
     status: 503,
-    description: 'The database does not answer.',
-    example: { type: 'about:blank', title: 'Service Unavailable', status: 503 },
+    description: 'The database does not answer. The problem carries the same `info`, `error` and `details` members as a 200, naming what is down.',
+    headers: { 'Retry-After': { description: 'seconds', schema: { type: 'string' } } },
+    example: {
+      type: 'urn:idempotent-orders:problem:unhealthy',
+      title: 'Service unhealthy',
+      status: 503,
+      detail: 'Down: database.',
+      info: {},
+      error: { database: { status: 'down' } },
+      details: { database: { status: 'down' } },
+    },
+    members: {
+      info: HEALTH_INDICATORS,
+      error: HEALTH_INDICATORS,
+      details: HEALTH_INDICATORS,
+    },
   })
-  check() {
-    return this.health.check([() => this.db.pingCheck('database', { timeout: 1_000 })]);
+  async check(): Promise<HealthCheckResult> {
+    try {
+      return await this.health.check([() => this.db.pingCheck('database', { timeout: PING_TIMEOUT_MS })]);
+    } catch (err) {
+      // Terminus throws its result in a 503; the one filter writes problem+json, so it would lose which check is down.
+      if (!(err instanceof ServiceUnavailableException)) throw err;
+      const { info, error, details } = err.getResponse() as HealthCheckResult;
+      throw ProblemException.of(
+        503,
+        'unhealthy',
+        'Service unhealthy',
+        `Down: ${Object.keys(error ?? {}).join(', ') || 'unknown'}.`,
+        { info: statusOnly(info), error: statusOnly(error), details: statusOnly(details) },
+        { 'Retry-After': String(DOWN_RETRY_AFTER_SECONDS) },
+      );
+    }
   }
 }

@@ -60,11 +60,11 @@ function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): voi
 async function bootstrap(): Promise<void> {
   const config = sandboxConfig();
   const port = pspPort(process.env.PSP_PORT);
-  const database = await openDatabaseServer(config, () => undefined);
+  const database = await openDatabaseServer(config);
   for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.removeAllListeners(signal);
 
-  // The same migrations as the service, the same way (advisory lock; a pool of 2: the lock holds one).
-  const dataSource = new DataSource(typeormOptions(database.url, { lockTimeoutMs: 60_000, poolSize: 2 }));
+  // The same migrations as the service, the same way (under the advisory lock every instance takes).
+  const dataSource = new DataSource(typeormOptions(database.url, { lockTimeoutMs: 60_000, poolSize: 1 }));
   await dataSource.initialize();
   let applied: string[];
   try {

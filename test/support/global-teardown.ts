@@ -9,6 +9,8 @@ export default async function globalTeardown(): Promise<void> {
     if (!run.server) {
       // A shared DATABASE_URL server: drop what this run made, including databases of files that crashed.
       const admin = new Client({ connectionString: run.adminUrl });
+      // A connection error must fail the query below, not crash Jest with an unhandled 'error' event.
+      admin.on('error', () => undefined);
       await admin.connect();
       try {
         const { rows } = await admin.query<{ datname: string }>(

@@ -18,6 +18,17 @@ function env(name: string): string {
   return value;
 }
 
+/**
+ * A pg Client or Pool emits 'error' when its server ends a connection it is not using (another
+ * file's DROP DATABASE … WITH (FORCE), a restart, pg_terminate_backend); with no listener that
+ * crashes the Jest process, and the failure lands on whatever test runs then. The error still
+ * reaches the next query on that connection, which is where a test should see it.
+ */
+export function ignoreIdleErrors<T extends Client | Pool>(pg: T): T {
+  (pg as { on(event: 'error', listener: (err: Error) => void): unknown }).on('error', () => undefined);
+  return pg;
+}
+
 let databases = 0;
 let template: Promise<void> | undefined;
 
@@ -26,7 +37,7 @@ let template: Promise<void> | undefined;
  * instead of a migration run each). An advisory lock keeps parallel Jest workers from racing.
  */
 async function ensureTemplate(adminUrl: string, runId: string): Promise<void> {
-  const admin = new Client({ connectionString: adminUrl });
+  const admin = ignoreIdleErrors(new Client({ connectionString: adminUrl }));
   await admin.connect();
   try {
     await admin.query('SELECT pg_advisory_lock(hashtext($1))', [runId]);
@@ -52,7 +63,7 @@ export async function createTestDatabase(): Promise<{ url: string; drop(): Promi
   template ??= ensureTemplate(adminUrl, runId);
   await template;
   const name = `${testDatabasePrefix(runId)}${process.pid}_${++databases}_${Math.random().toString(36).slice(2, 8)}`;
-  const admin = new Client({ connectionString: adminUrl });
+  const admin = ignoreIdleErrors(new Client({ connectionString: adminUrl }));
   await admin.connect();
   try {
     await admin.query(`CREATE DATABASE ${name} TEMPLATE ${templateDatabase(runId)}`);
@@ -62,7 +73,7 @@ export async function createTestDatabase(): Promise<{ url: string; drop(): Promi
   return {
     url: databaseUrl(adminUrl, name),
     drop: async () => {
-      const c = new Client({ connectionString: adminUrl });
+      const c = ignoreIdleErrors(new Client({ connectionString: adminUrl }));
       await c.connect();
       try {
         await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
@@ -96,7 +107,8 @@ export interface TestApp {
 /** The app exactly as main.ts builds it, on its own database, listening on a free port. */
 export async function startTestApp(env: Record<string, string> = {}): Promise<TestApp> {
   const database = await createTestDatabase();
-  const db = new Pool({ connectionString: database.url, max: 4 });
+  // pool.end() resolves before the server has closed its connections: the DROP below can still terminate them.
+  const db = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 4 }));
   let app: NestExpressApplication | undefined;
   const close = async () => {
     await app?.close();
