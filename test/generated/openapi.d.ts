@@ -724,19 +724,40 @@ export interface components {
             /** @description What went wrong this time, for people. */
             detail?: string;
         };
-        /** @description A problem that the HTTP status code describes entirely (RFC 9457 §4.2.1). */
-        HttpStatusProblem: {
+        /** @description The problem of type urn:idempotent-orders:problem:unhealthy (Service unhealthy). */
+        UnhealthyProblem: {
             /**
              * @description This problem type.
              * @enum {string}
              */
-            type: "about:blank";
+            type: "urn:idempotent-orders:problem:unhealthy";
             /** @description A short summary for people; the same for every occurrence of the type. */
             title: string;
             /** @description The HTTP status code. */
             status: number;
             /** @description What went wrong this time, for people. */
             detail?: string;
+            /** @description Per check (database), its status: up or down. */
+            info: {
+                [key: string]: {
+                    /** @enum {string} */
+                    status: "up" | "down";
+                };
+            };
+            /** @description Per check (database), its status: up or down. */
+            error: {
+                [key: string]: {
+                    /** @enum {string} */
+                    status: "up" | "down";
+                };
+            };
+            /** @description Per check (database), its status: up or down. */
+            details: {
+                [key: string]: {
+                    /** @enum {string} */
+                    status: "up" | "down";
+                };
+            };
         };
         /** @description The problem of type urn:idempotent-orders:problem:unauthorized (Unauthorized). */
         UnauthorizedProblem: {
@@ -790,6 +811,20 @@ export interface components {
              * @description The order that has this orderNumber (absent if it was deleted meanwhile).
              */
             orderId?: string;
+        };
+        /** @description A problem that the HTTP status code describes entirely (RFC 9457 §4.2.1). */
+        HttpStatusProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "about:blank";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
         };
         /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-and-submit-token (Idempotency-Key and Submit-Token together). */
         IdempotencyKeyAndSubmitTokenProblem: {
@@ -1458,20 +1493,34 @@ export interface operations {
                     "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
-            /** @description The database does not answer. */
+            /** @description The database does not answer. The problem carries the same `info`, `error` and `details` members as a 200, naming what is down. */
             503: {
                 headers: {
+                    /** @description seconds */
+                    "Retry-After"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "about:blank",
-                     *       "title": "Service Unavailable",
-                     *       "status": 503
+                     *       "type": "urn:idempotent-orders:problem:unhealthy",
+                     *       "title": "Service unhealthy",
+                     *       "status": 503,
+                     *       "detail": "Down: database.",
+                     *       "info": {},
+                     *       "error": {
+                     *         "database": {
+                     *           "status": "down"
+                     *         }
+                     *       },
+                     *       "details": {
+                     *         "database": {
+                     *           "status": "down"
+                     *         }
+                     *       }
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                    "application/problem+json": components["schemas"]["UnhealthyProblem"];
                 };
             };
         };
