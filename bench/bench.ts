@@ -14,7 +14,7 @@ import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtemp, rm, chmod, writeFile } from 'node:fs/promises';
-import { cpus, tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { performance } from 'node:perf_hooks';
@@ -273,6 +273,8 @@ async function main(): Promise<void> {
     const headers = { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' };
 
     console.error(`service at ${url}; measuring`);
+    // On a shared machine the other sessions' load is part of every number: printed and recorded beside them.
+    const loadAtStart = loadavg()[0];
     const cpu: CpuTargets = { servicePid: service.pid, postmaster: postmasterPid(pgDir) };
     const measured = (workload: () => Promise<Row>) => withCpu(cpu, workload);
     // Warm-up: JIT, pool, caches.
@@ -344,7 +346,8 @@ async function main(): Promise<void> {
 
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;
     const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
-    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)\n`);
+    const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
+    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds); ${load}\n`);
     console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
     for (const r of rows) {
       console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
@@ -370,6 +373,7 @@ async function main(): Promise<void> {
         stormRounds: STORM_ROUNDS,
         rows,
         stormExecutions: executions,
+        load,
       };
       await writeFile(process.env.BENCH_JSON, JSON.stringify(report, null, 2));
     }

@@ -50,7 +50,8 @@ try {
   const once = ours.stormExecutions.filter((n) => n === 1).length;
 
   console.log(`\n## Ours vs the peer (${peer.peer}, memory store) and raw pg — ${ours.date.slice(0, 16)}Z, ${ours.machine}`);
-  console.log(`${ours.connections} connections, ${ours.seconds} s per row, runs back to back; the machine is shared and noisy: compare ratios, not absolute numbers.\n`);
+  console.log(`${ours.connections} connections, ${ours.seconds} s per row, runs back to back; the machine is shared and noisy: compare ratios, not absolute numbers.`);
+  console.log(`ours: ${ours.load}; peer: ${peer.load}\n`);
   console.log('| comparison | ours | reference | ratio | target (DESIGN §5) | |\n|---|---:|---:|---:|---|---|');
   const line = (name, a, b, ratio, target, ok) => console.log(`| ${name} | ${a} | ${b} | ${ratio} | ${target} | ${verdict(ok)} |`);
   const r1 = create.rps / peerNew.rps;

@@ -131,6 +131,7 @@ async function rawRows(databaseUrl, postmaster) {
 
 async function main() {
   const rows = [];
+  const loadAtStart = os.loadavg()[0];
   try {
     log('starting PostgreSQL for the peer');
     const db = await startPostgres('peer-bench');
@@ -155,14 +156,15 @@ async function main() {
     await stopAll();
   }
   const ms = (x) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
-  console.log(`\npeer: ${CONNECTIONS} connections, ${DURATION_S} s each\n`);
+  const load = `load average ${loadAtStart.toFixed(1)} at the start, ${os.loadavg()[0].toFixed(1)} at the end, on ${os.cpus().length} cores`;
+  console.log(`\npeer: ${CONNECTIONS} connections, ${DURATION_S} s each; ${load}\n`);
   console.log('| workload | req/s | p50 ms | p99 ms | errors | app CPU ms/req | PostgreSQL CPU ms/req | redis CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {
     console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs ?? r.clientCpuMs)}${r.clientCpuMs !== undefined ? ' (pg client)' : ''} | ${ms(r.pgCpuMs)} | ${ms(r.redisCpuMs)} |`);
   }
   if (process.env.PEER_JSON) {
     const versions = JSON.parse(fs.readFileSync(path.join(here, 'node_modules/@node-idempotency/nestjs/package.json'), 'utf8')).version;
-    fs.writeFileSync(process.env.PEER_JSON, JSON.stringify({ date: new Date().toISOString(), machine: `${os.cpus().length} × ${os.cpus()[0]?.model}`, peer: `@node-idempotency/nestjs ${versions}`, rows }, null, 2));
+    fs.writeFileSync(process.env.PEER_JSON, JSON.stringify({ date: new Date().toISOString(), machine: `${os.cpus().length} × ${os.cpus()[0]?.model}`, peer: `@node-idempotency/nestjs ${versions}`, load, rows }, null, 2));
   }
 }
 
