@@ -25,7 +25,8 @@ function probe(script, args, env) {
       for (const line of c.toString().split('\n')) if (line && !line.startsWith('PROBE ')) console.log(`  ${line}`);
     });
     const killGroup = (sig) => { try { process.kill(-child.pid, sig); } catch { /* gone */ } };
-    const timer = setTimeout(() => { log(`${script}: over ${TIMEOUT_S} s, stopping it`); killGroup('SIGTERM'); setTimeout(() => killGroup('SIGKILL'), 5000).unref(); }, TIMEOUT_S * 1000);
+    let timedOut = false;
+    const timer = setTimeout(() => { timedOut = true; log(`${script}: over ${TIMEOUT_S} s, stopping it`); killGroup('SIGTERM'); setTimeout(() => killGroup('SIGKILL'), 5000).unref(); }, TIMEOUT_S * 1000);
     const stop = () => killGroup('SIGKILL');
     process.once('exit', stop);
     child.once('exit', (code) => {
@@ -33,7 +34,7 @@ function probe(script, args, env) {
       process.off('exit', stop);
       killGroup('SIGKILL'); // anything the probe left behind in its group
       const line = out.split('\n').find((l) => l.startsWith('PROBE '));
-      const rec = line ? JSON.parse(line.slice(6)) : { probe: script, target: env.TARGET, failed: `exit ${code}` };
+      const rec = line ? JSON.parse(line.slice(6)) : { probe: script, target: env.TARGET, failed: timedOut ? `stopped at its ${TIMEOUT_S} s deadline` : `exit ${code}` };
       results.push(rec);
       resolve(rec);
     });
@@ -94,7 +95,7 @@ function summary() {
     ['keys stuck after a kill -9 (409 after restart)', 'p4', 'p4',
       (r) => `${p4tag(r)}: ${r.stuck}/50 keys still 409 after restart${r.expirySim ? ` (TTL ${((r.expirySim.pttlMs ?? 0) / 3.6e6).toFixed(0)} h)` : ''}`],
     ['duplicates after a restart (kill -9, retry)', 'p4', 'p4',
-      (r) => `${p4tag(r)}: ${r.dup} keys with 2+ orders after retries${r.expirySim ? `; ${r.expirySim.duplicatesAfterExpiry} more once the TTL expires` : ''}; ${r.lost} keys with no order`],
+      (r) => `${p4tag(r)}: ${r.dup} keys with 2+ orders after retries${r.expirySim ? `; ${r.expirySim.duplicatesAfterExpiry} more once the 24 h TTL expires (simulated by DEL)` : ''}; ${r.lost} keys with no order yet`],
     ['20 parallel requests, one new key', 'p1', 'p1',
       (r) => `${tag(r)}${r.orders} order(s); ${JSON.stringify(r.statuses)}`],
   ];
