@@ -19,6 +19,8 @@ export default {
   moduleNameMapper: { '^(\\.{1,2}/.*)\\.js$': '$1' },
   transform: { '^.+\\.ts$': swc },
   testMatch: ['<rootDir>/src/**/*.spec.ts', '<rootDir>/test/**/*.e2e-spec.ts'],
+  // bench/peer is its own package (Nest 10, its own node_modules): never part of this suite.
+  modulePathIgnorePatterns: ['<rootDir>/bench/peer/'],
   globalSetup: '<rootDir>/test/support/global-setup.ts',
   globalTeardown: '<rootDir>/test/support/global-teardown.ts',
   // Each e2e file starts an app; a hung test fails instead of stalling CI.

@@ -3,13 +3,18 @@
  * allows for the same work (the same SQL straight through `pg`) and the framework's floor
  * (GET /health), as ratios measured in one run on one machine.
  *
- * The service runs as its own process (as in production); load comes from this process.
+ * The service runs as its own process (as in production); load comes from this process. Beside req/s
+ * and latency, each row gives the CPU it cost per request, from /proc: the service process
+ * (utime + stime) and this run's PostgreSQL server (its postmaster and every process below it).
+ *
+ * BENCH_SECONDS (8) per row; BENCH_JSON=<file> also writes the rows as JSON (bench/peer/compare.mjs
+ * reads it to print the ratios against the peer).
  */
 import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtemp, rm, chmod } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { mkdtemp, rm, chmod, writeFile } from 'node:fs/promises';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { performance } from 'node:perf_hooks';
@@ -18,6 +23,7 @@ import { DataSource } from 'typeorm';
 import { applyMigrations } from '../src/database/apply-migrations.js';
 import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
+import { postgresCpuMs, postmasterPid, processCpuMs } from './proc-cpu.js';
 
 const CONNECTIONS = 32;
 const DURATION_S = Number(process.env.BENCH_SECONDS ?? 8);
@@ -32,6 +38,28 @@ interface Row {
   p50: number;
   p99: number;
   errors: number;
+  /** Requests (or transactions) completed: the divisor of the CPU columns. */
+  requests: number;
+  /** ms of CPU per request: the service process, and PostgreSQL (undefined where no service is involved). */
+  serviceCpuMs?: number;
+  pgCpuMs?: number;
+}
+
+/** The processes whose CPU is sampled around each workload. */
+interface CpuTargets {
+  servicePid?: number;
+  postmaster: number;
+}
+
+/** Runs one workload and adds the CPU it cost per request, sampled from /proc before and after. */
+async function withCpu(targets: CpuTargets, workload: () => Promise<Row>): Promise<Row> {
+  const service0 = processCpuMs(targets.servicePid);
+  const pg0 = postgresCpuMs(targets.postmaster);
+  const row = await workload();
+  const service = processCpuMs(targets.servicePid) - service0;
+  const pgMs = postgresCpuMs(targets.postmaster) - pg0;
+  const per = (ms: number) => (row.requests > 0 ? ms / row.requests : NaN);
+  return { ...row, serviceCpuMs: targets.servicePid ? per(service) : undefined, pgCpuMs: per(pgMs) };
 }
 
 function percentile(sorted: number[], p: number): number {
@@ -41,7 +69,7 @@ function percentile(sorted: number[], p: number): number {
 async function cannon(name: string, url: string, opts: Partial<autocannon.Options>): Promise<Row> {
   const result = await autocannon({ url, connections: CONNECTIONS, duration: DURATION_S, ...opts });
   const errors = result.errors + result.timeouts + result.non2xx;
-  return { name, rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors };
+  return { name, rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors, requests: result.requests.total };
 }
 
 /** The service's SQL for one idempotent create, issued directly: fast-path read, claim, savepoint, order + lines, record, commit. */
@@ -87,42 +115,101 @@ async function directCreates(url: string): Promise<Row> {
   await Promise.all(Array.from({ length: CONNECTIONS }, worker));
   await pool.end();
   latencies.sort((a, b) => a - b);
-  return { name: 'same SQL straight through pg', rps: latencies.length / DURATION_S, p50: percentile(latencies, 50), p99: percentile(latencies, 99), errors };
+  return {
+    name: 'same SQL straight through pg',
+    rps: latencies.length / DURATION_S,
+    p50: percentile(latencies, 50),
+    p99: percentile(latencies, 99),
+    errors,
+    requests: latencies.length,
+  };
 }
 
-async function post(url: string, key: string): Promise<{ status: number; ms: number }> {
+async function post(url: string, key: string, body = BODY): Promise<{ status: number; ms: number }> {
   const started = performance.now();
   const res = await fetch(`${url}/orders`, {
     method: 'POST',
     headers: { authorization: `Bearer ${SECRET}`, 'idempotency-key': key, 'content-type': 'application/json' },
-    body: BODY,
+    body,
   });
   await res.arrayBuffer();
   return { status: res.status, ms: performance.now() - started };
 }
 
-/** STORM_ROUNDS rounds of STORM_WIDTH simultaneous requests sharing one new key. */
-async function storm(url: string): Promise<{ storm: Row; alone: Row }> {
-  const alone: number[] = [];
-  for (let i = 0; i < 200; i++) alone.push((await post(url, randomUUID())).ms);
+/** A body whose SKU names the storm round: the orders a round executed are the orders carrying its SKU. */
+const stormBody = (round: number) =>
+  JSON.stringify({ currency: 'EUR', items: [{ sku: `STORM-${round}`, quantity: 1, unitPriceMinor: 100 }] });
+
+interface Rounds {
+  latencies: number[];
+  errors: number;
+  seconds: number;
+}
+
+async function rounds(fire: (round: number) => Promise<{ status: number; ms: number }[]>): Promise<Rounds> {
   const latencies: number[] = [];
   let errors = 0;
   const started = performance.now();
   for (let round = 0; round < STORM_ROUNDS; round++) {
-    const key = randomUUID();
-    const results = await Promise.all(Array.from({ length: STORM_WIDTH }, () => post(url, key)));
-    for (const r of results) {
+    for (const r of await fire(round)) {
       latencies.push(r.ms);
       if (r.status !== 201) errors++;
     }
   }
-  const seconds = (performance.now() - started) / 1000;
   latencies.sort((a, b) => a - b);
+  return { latencies, errors, seconds: (performance.now() - started) / 1000 };
+}
+
+const roundsRow = (name: string, r: Rounds): Row => ({
+  name,
+  rps: r.latencies.length / r.seconds,
+  p50: percentile(r.latencies, 50),
+  p99: percentile(r.latencies, 99),
+  errors: r.errors,
+  requests: r.latencies.length,
+});
+
+/** 200 creates one after another: the latency with nothing to wait for. */
+async function uncontended(url: string): Promise<Row> {
+  const alone: number[] = [];
+  let errors = 0;
+  for (let i = 0; i < 200; i++) {
+    const r = await post(url, randomUUID());
+    alone.push(r.ms);
+    if (r.status !== 201) errors++;
+  }
   alone.sort((a, b) => a - b);
-  return {
-    storm: { name: `${STORM_WIDTH}-way duplicate storm (${STORM_ROUNDS} rounds)`, rps: latencies.length / seconds, p50: percentile(latencies, 50), p99: percentile(latencies, 99), errors },
-    alone: { name: 'uncontended create (1 connection)', rps: alone.length / (alone.reduce((a, b) => a + b, 0) / 1000), p50: percentile(alone, 50), p99: percentile(alone, 99), errors: 0 },
-  };
+  const seconds = alone.reduce((a, b) => a + b, 0) / 1000;
+  return { name: 'uncontended create (1 connection)', rps: alone.length / seconds, p50: percentile(alone, 50), p99: percentile(alone, 99), errors, requests: alone.length };
+}
+
+/**
+ * The storm's reference (DESIGN §5): the same rounds of STORM_WIDTH simultaneous requests, each a replay of a
+ * different completed key — the same CPU queueing without the wait for a duplicate in flight.
+ */
+async function distinctReplays(url: string, keys: string[]): Promise<Row> {
+  return roundsRow(`${STORM_WIDTH} concurrent replays of distinct completed keys (${STORM_ROUNDS} rounds)`, await rounds(() => Promise.all(keys.map((key) => post(url, key)))));
+}
+
+/** STORM_ROUNDS rounds of STORM_WIDTH simultaneous requests sharing one new key; then counts the orders each round created. */
+async function storm(url: string, databaseUrl: string): Promise<{ row: Row; executions: number[] }> {
+  const result = await rounds((round) => {
+    const key = randomUUID();
+    const body = stormBody(round);
+    return Promise.all(Array.from({ length: STORM_WIDTH }, () => post(url, key, body)));
+  });
+  const client = new pg.Client({ connectionString: databaseUrl });
+  await client.connect();
+  try {
+    const { rows } = await client.query<{ sku: string; orders: number }>(
+      `SELECT sku, count(DISTINCT order_id)::int AS orders FROM order_items WHERE sku LIKE 'STORM-%' GROUP BY sku`,
+    );
+    const byRound = new Map(rows.map((r) => [r.sku, r.orders]));
+    const executions = Array.from({ length: STORM_ROUNDS }, (_, round) => byRound.get(`STORM-${round}`) ?? 0);
+    return { row: roundsRow(`${STORM_WIDTH}-way duplicate storm (${STORM_ROUNDS} rounds)`, result), executions };
+  } finally {
+    await client.end();
+  }
 }
 
 /** More created orders than a pay run can use up: each pay needs an order of its own. */
@@ -153,8 +240,18 @@ async function main(): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-bench-'));
   await chmod(dir, 0o755);
   console.error('starting PostgreSQL');
-  const server = await startEmbeddedPostgres({ dir: join(dir, 'pg'), port: 54000 + Math.floor(Math.random() * 900), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+  const pgDir = join(dir, 'pg');
+  const server = await startEmbeddedPostgres({ dir: pgDir, port: 54000 + Math.floor(Math.random() * 900), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
   let service: ChildProcess | undefined;
+  // Ctrl-C or a kill skips `finally`: stop what this run started, then exit.
+  let stopping = false;
+  const onSignal = () => {
+    if (stopping) return; // a Ctrl-C can arrive twice (from the terminal and from bench:compare)
+    stopping = true;
+    service?.kill('SIGKILL');
+    void server.stop().finally(() => process.exit(130));
+  };
+  process.on('SIGINT', onSignal).on('SIGTERM', onSignal);
   try {
     // Two connections: applyMigrations holds one for its advisory lock while TypeORM migrates on another.
     const setup = new DataSource(typeormOptions(server.url, { lockTimeoutMs: 10_000, poolSize: 2 }));
@@ -181,41 +278,110 @@ async function main(): Promise<void> {
     const headers = { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' };
 
     console.error(`service at ${url}; measuring`);
+    // On a shared machine the other sessions' load is part of every number: printed and recorded beside them.
+    const loadAtStart = loadavg()[0];
+    const cpu: CpuTargets = { servicePid: service.pid, postmaster: postmasterPid(pgDir) };
+    const measured = (workload: () => Promise<Row>) => withCpu(cpu, workload);
     // Warm-up: JIT, pool, caches.
     await cannon('warm-up', `${url}/health`, { duration: 2 });
 
     const rows: Row[] = [];
-    rows.push(await cannon('GET /health', `${url}/health`, {}));
-    const created = await cannon('idempotent create (new key each)', `${url}/orders`, {
-      method: 'POST',
-      headers,
-      body: BODY,
-      requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': randomUUID() } }) }],
-    });
-    rows.push(created);
-    rows.push(await directCreates(server.url));
+    const tolerate = async (name: string, workload: () => Promise<Row>) => {
+      try {
+        rows.push(await measured(workload));
+      } catch (err) {
+        // One broken workload (pay, before a provider client is wired) must not hide the others.
+        console.error(`${name} failed:`, err);
+        rows.push({ name, rps: NaN, p50: NaN, p99: NaN, errors: NaN, requests: 0 });
+      }
+    };
+    rows.push(await measured(() => cannon('GET /health', `${url}/health`, {})));
+    rows.push(
+      await measured(() =>
+        cannon('idempotent create (new key each)', `${url}/orders`, {
+          method: 'POST',
+          headers,
+          body: BODY,
+          requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': randomUUID() } }) }],
+        }),
+      ),
+    );
+    rows.push(await withCpu({ postmaster: cpu.postmaster }, () => directCreates(server.url)));
     const replayKeys = Array.from({ length: 100 }, () => randomUUID());
     for (const key of replayKeys) await post(url, key);
     let next = 0;
     rows.push(
-      await cannon('replay of a completed key', `${url}/orders`, {
-        method: 'POST',
-        headers,
-        body: BODY,
-        requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': replayKeys[next++ % replayKeys.length] } }) }],
+      await measured(() =>
+        cannon('replay of a completed key', `${url}/orders`, {
+          method: 'POST',
+          headers,
+          body: BODY,
+          requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': replayKeys[next++ % replayKeys.length] } }) }],
+        }),
+      ),
+    );
+    const orderIds = await Promise.all(
+      replayKeys.slice(0, 10).map(async (key) => {
+        const res = await fetch(`${url}/orders`, { method: 'POST', headers: { ...headers, 'idempotency-key': key }, body: BODY });
+        return ((await res.json()) as { id: string }).id;
       }),
     );
-    const { storm: stormRow, alone } = await storm(url);
-    rows.push(alone, stormRow);
-    rows.push(await pays(url, server.url));
+    let nextOrder = 0;
+    rows.push(
+      await measured(() =>
+        cannon('GET /orders/:id', `${url}/orders`, {
+          headers,
+          requests: [{ setupRequest: (req) => ({ ...req, method: 'GET', path: `/orders/${orderIds[nextOrder++ % orderIds.length]}` }) }],
+        }),
+      ),
+    );
+    rows.push(await measured(() => uncontended(url)));
+    const distinctKeys = Array.from({ length: STORM_WIDTH }, () => randomUUID());
+    const seeded = await Promise.all(distinctKeys.map((key) => post(url, key)));
+    if (seeded.some((r) => r.status !== 201)) throw new Error(`seeding the replay keys failed: ${seeded.map((r) => r.status).join(',')}`);
+    const reference = await measured(() => distinctReplays(url, distinctKeys));
+    let executions: number[] = [];
+    const stormRow = await measured(async () => {
+      const result = await storm(url, server.url);
+      executions = result.executions;
+      return result.row;
+    });
+    rows.push(reference, stormRow);
+    await tolerate('pay with tok_visa (new key and order each)', () => pays(url, server.url));
 
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;
-    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once)\n`);
-    console.log('| workload | req/s | p50 ms | p99 ms | errors |\n|---|---:|---:|---:|---:|');
-    for (const r of rows) console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} |`);
+    const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
+    const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
+    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds); ${load}\n`);
+    console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
+    for (const r of rows) {
+      console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
+    }
+    console.log('(CPU from /proc: utime+stime of the service process; of this run\'s postmaster and all its children. "–": no service in the path.)');
+    const oneEach = executions.filter((n) => n === 1).length;
+    const stormRatio = stormRow.p99 / reference.p99;
     console.log(`\ncreate / same SQL through pg: ${(byName('idempotent create').rps / byName('same SQL').rps).toFixed(2)}×`);
     console.log(`replay / GET /health:         ${(byName('replay').rps / byName('GET /health').rps).toFixed(2)}×`);
-    console.log(`storm p99 / uncontended p50:  ${(stormRow.p99 / alone.p50).toFixed(2)}× (storm errors: ${stormRow.errors})`);
+    console.log(
+      `storm p99 / p99 of ${STORM_WIDTH} concurrent distinct replays: ${stormRatio.toFixed(2)}× (target ≤ 3×: ${stormRatio <= 3 ? 'met' : 'not met'})`,
+    );
+    console.log(
+      `storm executions per round: ${oneEach}/${STORM_ROUNDS} rounds created exactly one order (min ${Math.min(...executions)}, max ${Math.max(...executions)}); storm errors: ${stormRow.errors}`,
+    );
+    if (process.env.BENCH_JSON) {
+      const report = {
+        date: new Date().toISOString(),
+        machine: `${cpus().length} × ${cpus()[0]?.model ?? 'unknown CPU'}, node ${process.version}`,
+        connections: CONNECTIONS,
+        seconds: DURATION_S,
+        stormWidth: STORM_WIDTH,
+        stormRounds: STORM_ROUNDS,
+        rows,
+        stormExecutions: executions,
+        load,
+      };
+      await writeFile(process.env.BENCH_JSON, JSON.stringify(report, null, 2));
+    }
   } finally {
     if (service && service.exitCode === null) {
       const exited = new Promise((r) => service!.once('exit', r));

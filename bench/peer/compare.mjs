@@ -1,0 +1,85 @@
+// npm run bench:compare — `npm run bench` (ours), then `npm run bench:peer` (the peer and raw pg), back to back on
+// this machine, then one table with the ratios DESIGN §5 sets targets for, each marked met / not met.
+// BENCH_SECONDS (8) per row for both. Each run starts and stops its own PostgreSQL; nothing is shared between them.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '../..');
+const log = (m) => console.error(`[${new Date().toISOString().slice(11, 19)}] ${m}`);
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'idempotent-orders-compare-'));
+const oursFile = path.join(tmp, 'ours.json');
+const peerFile = path.join(tmp, 'peer.json');
+
+let current;
+for (const sig of ['SIGINT', 'SIGTERM']) {
+  // Pass the signal on (a Ctrl-C reaches the child too: it stops what it started, once), wait for it, then leave.
+  process.on(sig, () => {
+    if (!current) process.exit(130);
+    current.once('exit', () => process.exit(130));
+    current.kill(sig);
+  });
+}
+function run(script, env) {
+  return new Promise((res, rej) => {
+    current = spawn(process.execPath, [script], { stdio: 'inherit', env: { ...process.env, ...env } });
+    current.once('exit', (code, signal) => { current = undefined; code === 0 ? res() : rej(new Error(`${path.relative(root, script)} exited ${code ?? signal}`)); });
+  });
+}
+
+try {
+  log('1/2 npm run bench (ours)');
+  await run(path.join(root, 'dist/bench/bench.js'), { BENCH_JSON: oursFile });
+  log('2/2 npm run bench:peer (the peer, raw pg)');
+  await run(path.join(here, 'run.mjs'), { PEER_JSON: peerFile });
+  const ours = JSON.parse(fs.readFileSync(oursFile, 'utf8'));
+  const peer = JSON.parse(fs.readFileSync(peerFile, 'utf8'));
+  const o = (prefix) => ours.rows.find((r) => r.name.startsWith(prefix));
+  const p = (prefix) => peer.rows.find((r) => r.name.startsWith(prefix));
+  const f = (x, d = 2) => (x === undefined || x === null || Number.isNaN(x) ? '–' : x.toFixed(d));
+  const verdict = (ok) => (ok === undefined ? '–' : ok ? 'met' : 'NOT met');
+
+  const create = o('idempotent create'), replay = o('replay of a completed key'), get = o('GET /orders/:id');
+  const peerNew = p('peer memory: new key each'), peerReplay = p('peer memory: replay');
+  const rawIdem = p('raw pg: order + idempotency row'), rawPlain = p('raw pg: order transaction');
+  const storm = o(`${ours.stormWidth}-way duplicate storm`), reference = o(`${ours.stormWidth} concurrent replays`);
+  const once = ours.stormExecutions.filter((n) => n === 1).length;
+
+  console.log(`\n## Ours vs the peer (${peer.peer}, memory store) and raw pg — ${ours.date.slice(0, 16)}Z, ${ours.machine}`);
+  console.log(`${ours.connections} connections, ${ours.seconds} s per row, runs back to back; the machine is shared and noisy: compare ratios, not absolute numbers.`);
+  console.log(`ours: ${ours.load}; peer: ${peer.load}\n`);
+  console.log('| comparison | ours | reference | ratio | target (DESIGN §5) | |\n|---|---:|---:|---:|---|---|');
+  const line = (name, a, b, ratio, target, ok) => console.log(`| ${name} | ${a} | ${b} | ${ratio} | ${target} | ${verdict(ok)} |`);
+  const r1 = create.rps / peerNew.rps;
+  line('create (new key each) vs peer new key, req/s', f(create.rps, 0), f(peerNew.rps, 0), `${f(r1)}×`, '≥ 1.1×', r1 >= 1.1);
+  const r2 = replay.rps / peerReplay.rps;
+  line('replay vs peer replay, req/s', f(replay.rps, 0), f(peerReplay.rps, 0), `${f(r2)}×`, '≥ 1.1×', r2 >= 1.1);
+  const r3 = create.rps / rawIdem.rps;
+  line('create vs raw pg order + idempotency row, req/s', f(create.rps, 0), f(rawIdem.rps, 0), `${f(r3)}×`, '≥ 0.7× (aim)', r3 >= 0.7);
+  line('create vs raw pg order only, req/s', f(create.rps, 0), f(rawPlain.rps, 0), `${f(create.rps / rawPlain.rps)}×`, '–', undefined);
+  line('service CPU ms per replay (vs the peer\'s)', f(replay.serviceCpuMs), f(peerReplay.serviceCpuMs), `${f(replay.serviceCpuMs / peerReplay.serviceCpuMs)}×`, '≤ 0.5 ms', replay.serviceCpuMs <= 0.5);
+  line('service CPU ms per GET /orders/:id', f(get.serviceCpuMs), '–', '–', '≤ 0.5 ms', get.serviceCpuMs <= 0.5);
+  line('service CPU ms per create (vs the peer\'s new key)', f(create.serviceCpuMs), f(peerNew.serviceCpuMs), `${f(create.serviceCpuMs / peerNew.serviceCpuMs)}×`, '–', undefined);
+  line('PostgreSQL CPU ms per create (vs the peer\'s new key)', f(create.pgCpuMs), f(peerNew.pgCpuMs), `${f(create.pgCpuMs / peerNew.pgCpuMs)}×`, '–', undefined);
+  const r4 = storm.p99 / reference.p99;
+  line(`${ours.stormWidth}-way storm p99 vs ${ours.stormWidth} concurrent distinct replays p99, ms`, f(storm.p99, 1), f(reference.p99, 1), `${f(r4)}×`, '≤ 3×', r4 <= 3);
+  line('storm errors', String(storm.errors), '–', '–', '0', storm.errors === 0);
+  line('storm rounds with exactly one execution (orders per key)', `${once}/${ours.stormRounds}`, '–', '–', `${ours.stormRounds}/${ours.stormRounds}`, once === ours.stormRounds);
+
+  console.log('\n### All rows (CPU: ms per request, from /proc)\n');
+  console.log('| run | workload | req/s | p50 ms | p99 ms | errors | service CPU | PostgreSQL CPU |\n|---|---|---:|---:|---:|---:|---:|---:|');
+  for (const [who, rows] of [['ours', ours.rows], ['peer', peer.rows]]) {
+    for (const r of rows) {
+      const svc = r.serviceCpuMs ?? (r.clientCpuMs !== undefined ? `${f(r.clientCpuMs)} (pg client)` : undefined);
+      console.log(`| ${who} | ${r.name} | ${f(r.rps, 0)} | ${f(r.p50, 1)} | ${f(r.p99, 1)} | ${r.errors} | ${typeof svc === 'string' ? svc : f(svc)} | ${f(r.pgCpuMs)} |`);
+    }
+  }
+  console.log(`\n(JSON: ${oursFile}, ${peerFile})`);
+} catch (e) {
+  console.error(e.message);
+  process.exitCode = 1;
+}
