@@ -1,4 +1,5 @@
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
+import { SchedulerRegistry } from '@nestjs/schedule';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
@@ -9,6 +10,8 @@ import type { ProviderOutcome } from './payment-settlement.js';
 import { PaymentSettlement } from './payment-settlement.js';
 import { PAYMENT_CREATED, REFUND_CREATED } from './payment-records.js';
 import { foundChargeOutcome, foundRefundOutcome } from './provider-outcomes.js';
+
+const RECONCILER_JOB = 'payment-reconciler';
 
 /** Keys taken per round: each needs one or two lookups, so a round stays short and other instances get the rest. */
 const RECONCILE_BATCH = 20;
@@ -31,7 +34,6 @@ const NEVER_REACHED: ProviderOutcome = { status: 'failed', failureCode: 'provide
 @Injectable()
 export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
   private readonly logger = new Logger('PaymentReconciler');
-  private timer?: NodeJS.Timeout;
   private running?: Promise<number>;
 
   constructor(
@@ -39,21 +41,23 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     private readonly phases: AtomicPhases,
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
+    private readonly scheduler: SchedulerRegistry,
     @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
 
+  /** Registered with @nestjs/schedule, which clears it when the app closes; the period comes from config, so not @Interval(). */
   onModuleInit(): void {
-    if (this.config.reconcileIntervalMs > 0) {
-      this.timer = setInterval(() => {
-        // Overlapping runs are skipped: a slow round (lookups, the 1 s recheck) must not pile up.
-        if (!this.running) this.reconcile().catch((err: unknown) => this.logger.error({ err }, 'reconciling failed; will retry next tick'));
-      }, this.config.reconcileIntervalMs);
-      this.timer.unref();
-    }
+    if (this.config.reconcileIntervalMs === 0) return;
+    const tick = () => {
+      // Overlapping runs are skipped: a slow round (lookups, the 1 s recheck) must not pile up.
+      if (!this.running) this.reconcile().catch((err: unknown) => this.logger.error({ err }, 'reconciling failed; will retry next tick'));
+    };
+    this.scheduler.addInterval(RECONCILER_JOB, setInterval(tick, this.config.reconcileIntervalMs));
   }
 
+  /** No new run starts, and a run in progress finishes, before the pool closes (the scheduler itself stops later). */
   async onModuleDestroy(): Promise<void> {
-    clearInterval(this.timer);
+    if (this.scheduler.doesExist('interval', RECONCILER_JOB)) this.scheduler.deleteInterval(RECONCILER_JOB);
     await this.running?.catch(() => undefined);
   }
 
