@@ -383,3 +383,65 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
     });
   });
 });
+
+describe('payments: the reconciler on its schedule, and the circuit breaker', () => {
+  let t: TestApp;
+
+  beforeAll(async () => {
+    t = await startTestApp({
+      PSP_TIMEOUT_MS: '300',
+      PSP_MAX_ATTEMPTS: '3',
+      IDEMPOTENCY_LEASE_SECONDS: '5',
+      RECONCILE_INTERVAL_MS: '200',
+      // One unknown outcome opens the charge breaker, for a minute: long enough to see it refuse.
+      PSP_BREAKER_THRESHOLD: '1',
+      PSP_BREAKER_HALF_OPEN_MS: '60000',
+    });
+  });
+  afterAll(async () => {
+    await t?.close();
+  });
+
+  async function createOrder(): Promise<string> {
+    const res = await request(t.url)
+      .post('/orders')
+      .set('Authorization', bearer(ALICE))
+      .set('Idempotency-Key', randomUUID())
+      .send({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 800 }] });
+    expect(res.status).toBe(201);
+    return res.body.id as string;
+  }
+  const pay = (orderId: string, source: string, key: string = randomUUID()) =>
+    request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send({ source });
+
+  it('a lost answer is settled by the scheduled reconciler alone; then the open breaker refuses new payments before writing anything', async () => {
+    const orderId = await createOrder();
+    const key = randomUUID();
+    const lost = await pay(orderId, 'tok_lost', key);
+    expect(lost.status).toBe(503);
+    expect(lost.body.type).toBe('urn:idempotent-orders:problem:payment-pending');
+
+    // Nobody retries: the reconciler's own ticks settle it (a poll with a deadline, not a sleep).
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      const { rows } = await t.db.query(`SELECT status FROM payments WHERE id = $1`, [lost.body.paymentId]);
+      if (rows[0].status === 'succeeded') break;
+      if (Date.now() > deadline) throw new Error(`payment still ${rows[0].status}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const replayed = await pay(orderId, 'tok_lost', key);
+    expect(replayed.status).toBe(201);
+    expect(replayed.body.id).toBe(lost.body.paymentId);
+
+    // The lost call counted as one failed call: with a threshold of 1 the breaker is open now.
+    const other = await createOrder();
+    const refused = await pay(other, 'tok_visa');
+    expect(refused.status).toBe(503);
+    expect(refused.body.type).toBe('urn:idempotent-orders:problem:provider-unavailable');
+    expect(Number(refused.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    const { rows: written } = await t.db.query(`SELECT count(*)::int AS n FROM payments WHERE order_id = $1`, [other]);
+    expect(written[0].n).toBe(0);
+    const { rows: keys } = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`);
+    expect(keys[0].n).toBe(0);
+  });
+});
