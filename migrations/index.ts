@@ -6,6 +6,7 @@ import { SubmitTokens1764414300000 } from './1764414300000-submit-tokens.js';
 import { OrderCreationDigest1764414400000 } from './1764414400000-order-creation-digest.js';
 import { PspSandbox1764414500000 } from './1764414500000-psp-sandbox.js';
 import { Payments1764414600000 } from './1764414600000-payments.js';
+import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbox.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -15,4 +16,5 @@ export const migrations = [
   OrderCreationDigest1764414400000,
   PspSandbox1764414500000,
   Payments1764414600000,
+  PspWebhookOutbox1764414800000,
 ];
