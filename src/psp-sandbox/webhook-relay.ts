@@ -217,9 +217,11 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
       return { result: 'rejected', error: `HTTP ${res.status}` };
     } catch (err) {
       if (this.stopping.signal.aborted) return { result: 'aborted' };
-      if (err instanceof Error && err.name === 'TimeoutError') return { result: 'unreachable', error: `no answer within ${DELIVERY_TIMEOUT_MS} ms` };
-      const cause = err instanceof Error ? (err.cause as { code?: string; message?: string } | undefined) : undefined;
-      return { result: 'unreachable', error: cause?.code ?? cause?.message ?? (err instanceof Error ? err.message : String(err)) };
+      // Duck-typed, not instanceof: fetch's errors may come from another realm (Jest's VM contexts do this).
+      const failure = err as { name?: string; message?: string; cause?: { code?: string; message?: string } } | undefined;
+      if (failure?.name === 'TimeoutError') return { result: 'unreachable', error: `no answer within ${DELIVERY_TIMEOUT_MS} ms` };
+      // "fetch failed" says nothing; its cause says ECONNREFUSED, ECONNRESET, ENOTFOUND…
+      return { result: 'unreachable', error: failure?.cause?.code ?? failure?.cause?.message ?? failure?.message ?? String(err) };
     }
   }
 
