@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { randomUUID } from 'node:crypto';
+import pg from 'pg';
 import { Webhook } from 'standardwebhooks';
 import { WebhookRelay } from '../src/psp-sandbox/webhook-relay';
 import { createTestDatabase, startTestApp, type TestApp, WEBHOOK_SECRET } from './support/test-app';
@@ -21,7 +22,8 @@ interface Receipt {
 /** A webhook receiver: records requests, answers `respond(receipt, nthOfThisId)` (default 200). */
 class Receiver {
   readonly received: Receipt[] = [];
-  respond: (receipt: Receipt, nth: number) => number = () => 200;
+  /** The status to answer, or 'hang' to never answer. */
+  respond: (receipt: Receipt, nth: number) => number | 'hang' = () => 200;
   private server: Server | undefined;
   port = 0;
 
@@ -42,7 +44,9 @@ class Receiver {
           body: Buffer.concat(chunks).toString('utf8'),
         };
         this.received.push(receipt);
-        res.statusCode = this.respond(receipt, this.of(receipt.id).length);
+        const answer = this.respond(receipt, this.of(receipt.id).length);
+        if (answer === 'hang') return;
+        res.statusCode = answer;
         res.end();
       });
     });
@@ -165,6 +169,10 @@ describe('psp webhook relay (outbox → signed POSTs)', () => {
     const failedRefund = await post(t, '/psp/refunds', randomUUID(), { chargeId: refundable.id, amountMinor: 100, metadata: failedMeta });
     expect(failedRefund.status).toBe(402);
 
+    // Refused refunds (more than the charge; a failed charge) roll back with everything else: no event.
+    expect((await post(t, '/psp/refunds', randomUUID(), { chargeId: visa.id, amountMinor: 999_999, metadata: { refundId: randomUUID(), paymentId: randomUUID() } })).status).toBe(422);
+    expect((await post(t, '/psp/refunds', randomUUID(), { chargeId: declined.id, amountMinor: 1, metadata: { refundId: randomUUID(), paymentId: randomUUID() } })).status).toBe(422);
+
     // visa, declined, the replayed charge, its refund, tok_refundDeclined's charge and its declined refund.
     await until(() => allDelivered(t, 6), 'all six events are delivered');
     const rows = await outbox(t);
@@ -285,6 +293,43 @@ describe('psp webhook relay (outbox → signed POSTs)', () => {
     expect(new Set(ids).size).toBe(count);
     for (const id of ids) expect(receiver.of(id)).toHaveLength(1);
     expect(receiver.received).toHaveLength(count);
+  });
+
+  it('closing the app aborts a send in flight and hands its row straight back (no lease left to wait out, no attempt counted)', async () => {
+    const receiver = opened(await new Receiver().start());
+    receiver.respond = () => 'hang';
+    // Its own database, kept after close() so the row can be read then.
+    const database = await createTestDatabase();
+    closers.push(() => database.drop());
+    const t = await startTestApp({ PSP_WEBHOOK_URL: receiver.url }, { databaseUrl: database.url });
+    closers.push(() => t.close());
+
+    const visa = await charge(t, 'tok_visa');
+    const [queued] = await eventsOfCharge(t, visa.id);
+    await until(() => receiver.of(queued.id).length === 1, 'the receiver holds the request');
+    const db = new pg.Client({ connectionString: t.databaseUrl });
+    await db.connect();
+    try {
+      await t.close();
+      const { rows } = await db.query<{ attempts: number; delivered: boolean; due: boolean; last_error: string | null }>(
+        `SELECT attempts, delivered_at IS NOT NULL AS delivered, next_attempt_at <= now() AS due, last_error FROM psp.webhook_outbox WHERE id = $1`,
+        [queued.id],
+      );
+      // A send that ran into its 5 s timeout instead would count an attempt and keep the lease 30 s.
+      expect(rows).toEqual([{ attempts: 0, delivered: false, due: true, last_error: null }]);
+    } finally {
+      await db.end();
+    }
+  });
+
+  it('PSP_WEBHOOK_URL unset delivers to this service\'s own /webhooks/psp, on the port it listens on', async () => {
+    const t = opened(await startTestApp());
+    const visa = await charge(t, 'tok_visa');
+    await until(async () => ((await eventsOfCharge(t, visa.id))[0]?.attempts ?? 0) >= 1, 'a delivery was attempted');
+    const [row] = await eventsOfCharge(t, visa.id);
+    // Our own server answered: delivered once the consumer is mounted, Nest's 404 before it. A wrong
+    // port would be ECONNREFUSED; not listening yet would be no attempt at all.
+    expect(row.delivered_at !== null || row.last_error === 'HTTP 404').toBe(true);
   });
 
   it('PSP_WEBHOOK_URL=none sends nothing: the relay never starts and the events stay queued', async () => {

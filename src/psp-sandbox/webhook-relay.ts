@@ -216,9 +216,11 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
       if (res.status >= 200 && res.status < 300) return { result: 'delivered', status: res.status };
       return { result: 'rejected', error: `HTTP ${res.status}` };
     } catch (err) {
-      if (this.stopping.signal.aborted) return { result: 'aborted' };
       // Duck-typed, not instanceof: fetch's errors may come from another realm (Jest's VM contexts do this).
       const failure = err as { name?: string; message?: string; cause?: { code?: string; message?: string } } | undefined;
+      // AbortError comes only from `stopping` (the timeout rejects with TimeoutError): a send that
+      // failed on its own while we stopped is counted as the failure it was.
+      if (failure?.name === 'AbortError' && this.stopping.signal.aborted) return { result: 'aborted' };
       if (failure?.name === 'TimeoutError') return { result: 'unreachable', error: `no answer within ${DELIVERY_TIMEOUT_MS} ms` };
       // "fetch failed" says nothing; its cause says ECONNREFUSED, ECONNRESET, ENOTFOUND…
       return { result: 'unreachable', error: failure?.cause?.code ?? failure?.cause?.message ?? failure?.message ?? String(err) };
