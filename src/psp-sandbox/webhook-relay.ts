@@ -128,7 +128,12 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
       // `self` before app.listen(): nothing to send to yet.
       if (!url) return false;
       const due = await this.claimDue();
-      await Promise.all(due.map((event) => this.deliver(event, url)));
+      // allSettled: one failed bookkeeping write must not end the round (and let shutdown close the
+      // pool) while the other sends are still in flight. A row whose write failed is retried when its lease runs out.
+      const outcomes = await Promise.allSettled(due.map((event) => this.deliver(event, url)));
+      for (const outcome of outcomes) {
+        if (outcome.status === 'rejected') this.logger.warn({ err: outcome.reason instanceof Error ? outcome.reason.message : String(outcome.reason) }, 'psp webhook outcome not recorded; due again when its lease runs out');
+      }
       await this.logBacklog();
       return due.length === BATCH_SIZE;
     } catch (err) {
