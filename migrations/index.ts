@@ -7,6 +7,7 @@ import { OrderCreationDigest1764414400000 } from './1764414400000-order-creation
 import { PspSandbox1764414500000 } from './1764414500000-psp-sandbox.js';
 import { Payments1764414600000 } from './1764414600000-payments.js';
 import { Webhooks1764414700000 } from './1764414700000-webhooks.js';
+import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbox.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -17,4 +18,5 @@ export const migrations = [
   PspSandbox1764414500000,
   Payments1764414600000,
   Webhooks1764414700000,
+  PspWebhookOutbox1764414800000,
 ];

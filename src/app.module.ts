@@ -84,7 +84,15 @@ export class AppModule {
         OrdersModule,
         SubmitTokensModule,
         // The sandbox provider, in-process, only when no real (or standalone) provider is configured.
-        ...(config.pspBaseUrl ? [] : [PspSandboxModule.forRoot({ databaseUrl, timeoutMs: config.pspTimeoutMs })]),
+        ...(config.pspBaseUrl
+          ? []
+          : [
+              PspSandboxModule.forRoot({
+                databaseUrl,
+                timeoutMs: config.pspTimeoutMs,
+                webhooks: { delivery: config.pspWebhookDelivery, duplicates: config.pspWebhookDuplicates, secret: config.pspWebhookSecret },
+              }),
+            ]),
         PspClientModule.forRootAsync({
           inject: [HttpAdapterHost],
           useFactory: (host: HttpAdapterHost) => ({

@@ -2,6 +2,8 @@
  * `npm run psp`: the sandbox provider alone, as its own process — a stand-in for a remote provider.
  * Point the service at it with PSP_BASE_URL=http://localhost:4000/psp.
  *   PSP_PORT (4000) · DATABASE_URL (unset → an embedded PostgreSQL of its own) · PSP_TIMEOUT_MS (2000)
+ *   PSP_WEBHOOK_URL (the service's /webhooks/psp, e.g. http://localhost:3000/webhooks/psp; unset or none: no delivery)
+ *   PSP_WEBHOOK_SECRET (the service's) · PSP_WEBHOOK_DUPLICATES (false)
  */
 import 'reflect-metadata';
 import { Module, ValidationPipe } from '@nestjs/common';
@@ -73,8 +75,19 @@ async function bootstrap(): Promise<void> {
     await dataSource.destroy();
   }
 
+  // Alone, there is no "self" to deliver to: this process has no /webhooks/psp, and guessing the
+  // service's address (localhost:3000?) would retry into the void or into a stranger. Unset means
+  // no delivery, said out loud; events still queue in the outbox, so setting PSP_WEBHOOK_URL and
+  // restarting delivers them all.
+  const delivery = config.pspWebhookDelivery.to === 'self' ? ({ to: 'none' } as const) : config.pspWebhookDelivery;
   @Module({
-    imports: [PspSandboxModule.forRoot({ databaseUrl: database.url, timeoutMs: config.pspTimeoutMs })],
+    imports: [
+      PspSandboxModule.forRoot({
+        databaseUrl: database.url,
+        timeoutMs: config.pspTimeoutMs,
+        webhooks: { delivery, duplicates: config.pspWebhookDuplicates, secret: config.pspWebhookSecret },
+      }),
+    ],
     providers: [{ provide: APP_FILTER, useClass: ProblemFilter }],
   })
   class PspStandaloneModule {}
@@ -93,6 +106,9 @@ async function bootstrap(): Promise<void> {
       `psp-sandbox (dev/test only) listening on http://localhost:${bound}/psp`,
       `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir}` : 'DATABASE_URL'}` + (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
       `  point the service at it: PSP_BASE_URL=http://localhost:${bound}/psp`,
+      delivery.to === 'url'
+        ? `  webhooks to ${delivery.url}${config.pspWebhookDuplicates ? ' (every event twice)' : ''}`
+        : '  webhooks: not delivered (set PSP_WEBHOOK_URL to the service\'s /webhooks/psp and PSP_WEBHOOK_SECRET to its secret); queued in psp.webhook_outbox',
     ].join('\n'),
   );
 

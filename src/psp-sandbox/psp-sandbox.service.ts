@@ -9,6 +9,7 @@ import { chargeNotFound, chargeNotRefundable, keyReused, pspUnavailable, refundE
 import { SandboxDatabase, type SandboxClient } from './sandbox-database.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 import { answerDelayMs, FLAKY_FAILURES, type TestToken, testToken } from './test-tokens.js';
+import { enqueueWebhookEvent } from './webhook-outbox.js';
 
 
 /** What to send: the recorded status and body, byte for byte, after `delayMs`. */
@@ -117,14 +118,32 @@ export class PspSandboxService {
          VALUES ($1, $2, $3, $4::bigint, $5, $6, $7, $8::uuid, $9::uuid, $10::timestamptz)`,
         [charge.id, key, charge.status, charge.amountMinor, charge.currency, charge.source, charge.failureCode, charge.metadata.orderId, charge.metadata.paymentId, charge.createdAt],
       );
-      // Webhooks (a later issue): the outbox event (charge.succeeded / charge.failed) is inserted here, in this transaction.
+      // The event commits with the charge or not at all (a replay above returned before this: one charge, one event).
+      await enqueueWebhookEvent(
+        client,
+        declined ? 'charge.failed' : 'charge.succeeded',
+        {
+          chargeId: charge.id,
+          paymentId: charge.metadata.paymentId,
+          orderId: charge.metadata.orderId,
+          amountMinor: charge.amountMinor,
+          currency: charge.currency,
+          status: charge.status,
+          ...(charge.failureCode ? { failureCode: charge.failureCode } : {}),
+        },
+        this.options.webhooks.duplicates,
+      );
       return undefined;
     });
     return this.answer(stored ?? { ...answer, replayed: false }, fingerprint, token);
   }
 
   async createRefund(key: string, body: CreateRefundDto): Promise<ProviderAnswer> {
-    const [charge] = await this.db.query<{ status: string; source: string }>(`SELECT status, source FROM psp.charges WHERE id = $1`, [body.chargeId]);
+    // order_id and currency never change once recorded: the refund's event can take them from here.
+    const [charge] = await this.db.query<{ status: string; source: string; order_id: string; currency: string }>(
+      `SELECT status, source, order_id, currency FROM psp.charges WHERE id = $1`,
+      [body.chargeId],
+    );
     if (!charge) throw chargeNotFound(body.chargeId);
     // A refund inherits its charge's token: its outcome and its faults. Recorded charges only carry known tokens.
     const token = testToken(charge.source)!;
@@ -165,7 +184,22 @@ export class PspSandboxService {
          VALUES ($1, $2, $3, $4, $5::bigint, $6, $7::uuid, $8::uuid, $9::timestamptz)`,
         [refund.id, key, refund.chargeId, refund.status, refund.amountMinor, refund.failureCode, refund.metadata.refundId, refund.metadata.paymentId, refund.createdAt],
       );
-      // Webhooks (a later issue): the outbox event (refund.succeeded / refund.failed) is inserted here, in this transaction.
+      await enqueueWebhookEvent(
+        client,
+        declined ? 'refund.failed' : 'refund.succeeded',
+        {
+          providerRefundId: refund.id,
+          refundId: refund.metadata.refundId,
+          chargeId: refund.chargeId,
+          paymentId: refund.metadata.paymentId,
+          orderId: charge.order_id,
+          amountMinor: refund.amountMinor,
+          currency: charge.currency,
+          status: refund.status,
+          ...(refund.failureCode ? { failureCode: refund.failureCode } : {}),
+        },
+        this.options.webhooks.duplicates,
+      );
       return undefined;
     });
     return this.answer(stored ?? { ...answer, replayed: false }, fingerprint, token);

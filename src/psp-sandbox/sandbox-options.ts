@@ -1,8 +1,20 @@
+import type { AppConfig } from '../config/app-config.js';
+
 export const SANDBOX_OPTIONS = Symbol('SANDBOX_OPTIONS');
+
+export interface SandboxWebhookOptions {
+  /** PSP_WEBHOOK_URL: `self` = the service's own /webhooks/psp, `url`, or `none` (events stay in the outbox). */
+  delivery: AppConfig['pspWebhookDelivery'];
+  /** PSP_WEBHOOK_DUPLICATES: every event is queued as two copies with one webhook-id. */
+  duplicates: boolean;
+  /** PSP_WEBHOOK_SECRET (`whsec_…`): the Standard Webhooks signing key. */
+  secret: string;
+}
 
 export interface SandboxOptions {
   /** The service's database; the sandbox keeps to its `psp` schema, through its own pool. */
   databaseUrl: string;
   /** The client's per-attempt timeout (PSP_TIMEOUT_MS): the slow tokens' delays are multiples of it. */
   timeoutMs: number;
+  webhooks: SandboxWebhookOptions;
 }

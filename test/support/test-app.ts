@@ -104,9 +104,17 @@ export interface TestApp {
   close(): Promise<void>;
 }
 
+export interface TestAppOptions {
+  /**
+   * Run on this existing database instead of a fresh clone (two instances on one database, or a
+   * restart). The caller owns it: close() leaves it in place, drop it yourself (createTestDatabase).
+   */
+  databaseUrl?: string;
+}
+
 /** The app exactly as main.ts builds it, on its own database, listening on a free port. */
-export async function startTestApp(env: Record<string, string> = {}): Promise<TestApp> {
-  const database = await createTestDatabase();
+export async function startTestApp(env: Record<string, string> = {}, options: TestAppOptions = {}): Promise<TestApp> {
+  const database = options.databaseUrl ? { url: options.databaseUrl, drop: () => Promise.resolve() } : await createTestDatabase();
   // pool.end() resolves before the server has closed its connections: the DROP below can still terminate them.
   const db = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 4 }));
   let app: NestExpressApplication | undefined;
