@@ -19,8 +19,10 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       PSP_TIMEOUT_MS: '300',
       PSP_MAX_ATTEMPTS: '3',
       IDEMPOTENCY_LEASE_SECONDS: '5',
-      // The tests run the reconciler themselves, when they want it.
+      // The tests run the reconciler themselves, when they want it; the sandbox's webhooks, which would
+      // settle pending payments too, have their own tests (payments-webhooks.e2e-spec.ts).
       RECONCILE_INTERVAL_MS: '0',
+      PSP_WEBHOOK_URL: 'none',
     });
   });
   afterAll(async () => {
@@ -393,6 +395,7 @@ describe('payments: the reconciler on its schedule, and the circuit breaker', ()
       PSP_MAX_ATTEMPTS: '3',
       IDEMPOTENCY_LEASE_SECONDS: '5',
       RECONCILE_INTERVAL_MS: '200',
+      PSP_WEBHOOK_URL: 'none',
       // One unknown outcome opens the charge breaker, for a minute: long enough to see it refuse.
       PSP_BREAKER_THRESHOLD: '1',
       PSP_BREAKER_HALF_OPEN_MS: '60000',
