@@ -153,7 +153,7 @@ export class OrdersController {
       '(retries replay the first response) or Submit-Token (from POST /submit-tokens; creates at most one order).',
   })
   @ApiCreatedResponse({ type: OrderView, description: 'Created.', headers: { Location: { description: '/orders/{id}', schema: { type: 'string' } }, ...ETAG_HEADER } })
-  @ApiOkResponse({ type: OrderView, description: 'An order with this orderNumber and the same content exists: it is returned, nothing is created.' })
+  @ApiOkResponse({ type: OrderView, description: 'An order with this orderNumber was created from the same content (later edits do not count): it is returned as it is now, nothing is created.' })
   @ApiProblems(VALIDATION_FAILED, {
     status: 409,
     description: 'The orderNumber belongs to an order with different content.',

@@ -1597,7 +1597,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description An order with this orderNumber and the same content exists: it is returned, nothing is created. */
+            /** @description An order with this orderNumber was created from the same content (later edits do not count): it is returned as it is now, nothing is created. */
             200: {
                 headers: {
                     [name: string]: unknown;
