@@ -1,6 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
+import { AtomicPhases } from '../src/idempotency/atomic-phases';
 import { PaymentReconciler } from '../src/payments/payment-reconciler';
+import { PaymentSettlement } from '../src/payments/payment-settlement';
 import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
 
 const PROBLEM_JSON = /^application\/problem\+json/;
@@ -239,6 +241,36 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(await orderState(orderId)).toMatchObject({ status: 'created' });
       // Failed: the order may be paid again with a new key.
       expect((await pay(orderId, 'tok_visa')).status).toBe(201);
+    });
+  });
+
+  describe('lease fencing', () => {
+    it('a holder whose lease ran out and was taken over can settle nothing: its writes match no row; the new holder settles', async () => {
+      const orderId = await createOrder();
+      const lost = await pay(orderId, 'tok_lost');
+      expect(lost.status).toBe(503);
+      const { rows } = await t.db.query(`SELECT idempotency_key_id AS key_id FROM payments WHERE id = $1`, [lost.body.paymentId]);
+      const phases = t.app.get(AtomicPhases);
+      const settlement = t.app.get(PaymentSettlement);
+      const slow = await phases.takeOverLease(rows[0].key_id);
+      expect(slow).toBeDefined();
+      // The slow holder stalls past its lease (made to run out here), and another holder takes the key over.
+      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() - interval '1 second' WHERE id = $1`, [rows[0].key_id]);
+      const fresh = await phases.takeOverLease(rows[0].key_id);
+      expect(fresh?.leaseToken).not.toBe(slow!.leaseToken);
+
+      const stale = await settlement.settlePayment(lost.body.paymentId, { status: 'failed', failureCode: 'provider_unreachable' }, slow!.leaseToken);
+      expect(stale.kind).toBe('lost');
+      expect(await paymentsOf(orderId)).toMatchObject([{ status: 'pending' }]);
+
+      const [charge] = await charges(orderId);
+      const settled = await settlement.settlePayment(lost.body.paymentId, { status: 'succeeded', providerId: charge.id }, fresh!.leaseToken);
+      expect(settled).toMatchObject({ kind: 'answered', changed: true });
+      expect(await paymentsOf(orderId)).toMatchObject([{ status: 'succeeded' }]);
+      // The slow holder still cannot release or complete anything.
+      await phases.release(slow!);
+      const { rows: key } = await t.db.query(`SELECT state, response_status FROM idempotency_keys WHERE id = $1`, [rows[0].key_id]);
+      expect(key[0]).toEqual({ state: 'completed', response_status: 201 });
     });
   });
 

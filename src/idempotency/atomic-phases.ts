@@ -1,7 +1,7 @@
 import { Inject, Injectable, Logger } from '@nestjs/common';
 import type { Request } from 'express';
 import { ProblemException } from '../common/problem.js';
-import type { AppConfig } from '../config/app-config.js';
+import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
 import { Database } from '../database/database.service.js';
 import { PG, pgErrorCode } from '../database/pg-errors.js';
@@ -35,14 +35,21 @@ export type Acquired =
 export const STARTED = 'started';
 
 /**
- * Stop calling out this long before the lease ends: a retry or the reconciler may take the key over
- * the moment it ends, and the holder's last write (phase 3) must land before that. 2 s is what
- * config validation reserves in the lease beyond the outbound client's attempts.
+ * The columns a new lease holder learns. `lease_ms_left` is measured on the database's clock at the
+ * moment of the claim (clock_timestamp(), not the transaction's start: a claim that waited on a row
+ * lock still gets its full lease), so the holder's deadline can never fall after the lease's end.
  */
-export const LEASE_MARGIN_MS = 2_000;
+const LEASE_COLUMNS = `id, lease_token, recovery_point, (extract(epoch FROM locked_until - clock_timestamp()) * 1000)::float8 AS lease_ms_left`;
+
+interface LeaseRow {
+  id: string;
+  lease_token: string;
+  recovery_point: string;
+  lease_ms_left: number;
+}
 
 const KEY_COLUMNS = `id, fingerprint, state, recovery_point, lease_token,
-  locked_until > now() AS leased, ceil(extract(epoch FROM locked_until - now())) AS lease_seconds_left,
+  locked_until > clock_timestamp() AS leased, ceil(extract(epoch FROM locked_until - clock_timestamp())) AS lease_seconds_left,
   expires_at <= now() AS expired, response_status, response_headers, response_body`;
 
 interface PhasedKeyRow {
@@ -66,9 +73,9 @@ interface PhasedKeyRow {
  */
 const CLAIM_PHASED_KEY = `
   INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at, lease_token, locked_until)
-  VALUES ($1, $2, $3, $4, $5, 'infinity', gen_random_uuid(), now() + make_interval(secs => $6))
+  VALUES ($1, $2, $3, $4, $5, 'infinity', gen_random_uuid(), clock_timestamp() + make_interval(secs => $6))
   ON CONFLICT ON CONSTRAINT uq_idempotency_keys_client_key DO NOTHING
-  RETURNING id, lease_token, recovery_point`;
+  RETURNING ${LEASE_COLUMNS}`;
 
 /**
  * Takes over an unfinished key whose lease has run out: the one conditional UPDATE a retry and the
@@ -76,9 +83,9 @@ const CLAIM_PHASED_KEY = `
  */
 const TAKE_OVER_LEASE = `
   UPDATE idempotency_keys
-     SET lease_token = gen_random_uuid(), locked_until = now() + make_interval(secs => $2)
-   WHERE id = $1 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= now())
-  RETURNING id, lease_token, recovery_point`;
+     SET lease_token = gen_random_uuid(), locked_until = clock_timestamp() + make_interval(secs => $2)
+   WHERE id = $1 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= clock_timestamp())
+  RETURNING ${LEASE_COLUMNS}`;
 
 const toResponse = (row: PhasedKeyRow): StoredResponse => ({
   status: row.response_status!,
@@ -128,7 +135,7 @@ export class AtomicPhases {
     const lease = this.config.idempotencyLeaseSeconds;
     for (let round = 0; round < 3; round++) {
       const [claimed] = await this.lockTimeoutIsConflict(scope, () =>
-        this.db.query<{ id: string; lease_token: string; recovery_point: string }>(CLAIM_PHASED_KEY, [
+        this.db.query<LeaseRow>(CLAIM_PHASED_KEY, [
           scope.clientId,
           scope.key,
           scope.fingerprint,
@@ -164,7 +171,7 @@ export class AtomicPhases {
         this.note('conflict', scope);
         throw leaseHeld(Math.max(1, Number(row.lease_seconds_left ?? 1)));
       }
-      const [taken] = await this.db.query<{ id: string; lease_token: string; recovery_point: string }>(TAKE_OVER_LEASE, [row.id, lease]);
+      const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, lease]);
       if (taken) {
         this.note('executed', scope);
         this.logger.log({ outcome: 'resumed', clientId: scope.clientId, idempotencyKey: scope.key, recoveryPoint: taken.recovery_point }, 'idempotency resumed');
@@ -180,13 +187,13 @@ export class AtomicPhases {
    * statement (SKIP LOCKED): a key a request is taking over right now is simply not reconciled this round.
    */
   async takeOverExpiredLeases(recoveryPoints: string[], limit: number): Promise<LeasedKey[]> {
-    const rows = await this.db.query<{ id: string; lease_token: string; recovery_point: string }>(
+    const rows = await this.db.query<LeaseRow>(
       `UPDATE idempotency_keys
-          SET lease_token = gen_random_uuid(), locked_until = now() + make_interval(secs => $3)
+          SET lease_token = gen_random_uuid(), locked_until = clock_timestamp() + make_interval(secs => $3)
         WHERE id IN (SELECT id FROM idempotency_keys
-                      WHERE state = 'in_progress' AND locked_until <= now() AND recovery_point = ANY($1::text[])
+                      WHERE state = 'in_progress' AND locked_until <= clock_timestamp() AND recovery_point = ANY($1::text[])
                       ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED)
-       RETURNING id, lease_token, recovery_point`,
+       RETURNING ${LEASE_COLUMNS}`,
       [recoveryPoints, limit, this.config.idempotencyLeaseSeconds],
     );
     return rows.map((r) => this.leased(r));
@@ -194,7 +201,7 @@ export class AtomicPhases {
 
   /** Takes over one unfinished key whose lease has run out (a stale payment found by another request); undefined when it is still leased or finished. */
   async takeOverLease(keyId: string): Promise<LeasedKey | undefined> {
-    const [taken] = await this.db.query<{ id: string; lease_token: string; recovery_point: string }>(TAKE_OVER_LEASE, [keyId, this.config.idempotencyLeaseSeconds]);
+    const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.config.idempotencyLeaseSeconds]);
     return taken && this.leased(taken);
   }
 
@@ -248,12 +255,16 @@ export class AtomicPhases {
     );
   }
 
-  private leased(row: { id: string; lease_token: string; recovery_point: string }): LeasedKey {
+  /**
+   * Stop calling out LEASE_MARGIN_MS before the lease ends: a retry or the reconciler may take the key
+   * over the moment it ends, and the holder's last write (phase 3) must land before that.
+   */
+  private leased(row: LeaseRow): LeasedKey {
     return {
       id: row.id,
       leaseToken: row.lease_token,
       recoveryPoint: row.recovery_point,
-      deadline: Date.now() + this.config.idempotencyLeaseSeconds * 1000 - LEASE_MARGIN_MS,
+      deadline: Date.now() + row.lease_ms_left - LEASE_MARGIN_MS,
     };
   }
 

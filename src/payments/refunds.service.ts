@@ -91,7 +91,7 @@ export class RefundsService {
         throw err;
       });
     }
-    if (!outcome) {
+    if (!outcome && refund.status === 'pending') {
       const result = await this.psp.createRefund(
         { chargeId: refund.charge_id, amountMinor: Number(refund.amount_minor), metadata: { refundId: refund.id, paymentId: refund.payment_id } },
         refund.outbound_key,
@@ -99,11 +99,12 @@ export class RefundsService {
       );
       outcome = refundOutcome(result);
     }
-    if (!outcome) {
+    if (!outcome && refund.status === 'pending') {
       await this.phases.release(key);
       throw paymentPending(refund.id, 'refund');
     }
-    const settled = await this.settlement.settleRefund(refund.id, outcome, key.leaseToken);
+    // A refund settled meanwhile (a webhook) is answered from its row by the settlement.
+    const settled = await this.settlement.settleRefund(refund.id, outcome ?? settledRefundOutcome(refund), key.leaseToken);
     if (settled.kind === 'lost') throw paymentPending(refund.id, 'refund');
     return settled.response;
   }
@@ -129,4 +130,11 @@ export class RefundsService {
     if (!row) throw refundNotFound(id);
     return toRefundView(row);
   }
+}
+
+/** The outcome already recorded on a refund that is no longer pending. */
+function settledRefundOutcome(refund: RefundRow): ProviderOutcome {
+  return refund.status === 'succeeded'
+    ? { status: 'succeeded', providerId: refund.provider_refund_id! }
+    : { status: 'failed', failureCode: refund.failure_code ?? 'unknown', providerId: refund.provider_refund_id };
 }

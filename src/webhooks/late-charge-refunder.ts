@@ -1,8 +1,7 @@
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
-import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
 import { Database } from '../database/database.service.js';
-import { LEASE_MARGIN_MS } from '../idempotency/atomic-phases.js';
+import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
 import { type PspCallResult, PspClient, type PspRefund } from '../psp-client/psp-client.js';
 import { WebhookMetrics } from './webhook-metrics.js';
 
