@@ -59,9 +59,21 @@ export class SandboxDatabase implements OnApplicationShutdown {
     }
   }
 
+  /** Connections that already have an error listener (pg reuses them). */
+  private readonly guarded = new WeakSet<pg.PoolClient>();
+
+  /**
+   * A pooled connection with an error listener: pg-pool listens only on IDLE connections, so one
+   * checked out between two statements when the server dies would otherwise crash the process.
+   */
   private async connect(): Promise<pg.PoolClient> {
     try {
-      return await this.pool.connect();
+      const client = await this.pool.connect();
+      if (!this.guarded.has(client)) {
+        client.on('error', (err) => this.logger.warn(`sandbox connection failed while in use: ${err.message}`));
+        this.guarded.add(client);
+      }
+      return client;
     } catch (err) {
       // pg-pool's words for connectionTimeoutMillis; anything else is a real connection failure (500).
       if (err instanceof Error && err.message === 'timeout exceeded when trying to connect') {
