@@ -122,7 +122,8 @@ describe('payments across processes: SIGKILL mid-flight, two instances on one da
     const orderId = await createOrder(a.url);
     const key = randomUUID();
     const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => pay(i % 2 ? a.url : b.url, orderId, 'tok_slow', key)));
-    for (const res of answers) expect([201, 409]).toContain(res.status);
+    // 409 while another copy holds the lease; 503 payment-pending when a provider attempt timed out on a loaded machine.
+    for (const res of answers) expect([201, 409, 503]).toContain(res.status);
     const final = await payUntilFinal(a.url, orderId, 'tok_slow', key);
     const viaB = await payUntilFinal(b.url, orderId, 'tok_slow', key);
     expect(final.status).toBe(201);
