@@ -12,7 +12,7 @@ const CLIENT_RETRY_DEADLINE_MS = 60_000;
 const SETTLE_DEADLINE_MS = 60_000;
 /** Fixed, so a failure replays the same workload (the interleavings still vary with the machine). */
 const SEED = 0x15_3_3;
-const ORDERS = 30;
+const ORDERS = 24;
 const PAY_SOURCES = ['tok_visa', 'tok_flaky', 'tok_timeout', 'tok_lost', 'tok_chargeDeclined', 'tok_unavailable'] as const;
 
 /** mulberry32: a tiny seeded PRNG, so the workload is the same on every run. */
@@ -60,6 +60,8 @@ describe('three service processes on one database: a mixed storm keeps every inv
       PSP_MAX_ATTEMPTS: '3',
       IDEMPOTENCY_LEASE_SECONDS: '4',
       RECONCILE_INTERVAL_MS: '500',
+      // The faulty tokens open each instance's breaker; a short half-open keeps its Retry-After (and the test) short.
+      PSP_BREAKER_HALF_OPEN_MS: '2000',
     };
     // One at a time: three concurrent migration runs would only queue on the advisory lock anyway.
     for (let i = 0; i < 3; i++) instances.push(await startServiceProcess(env));
@@ -159,6 +161,7 @@ describe('three service processes on one database: a mixed storm keeps every inv
       const refund = random() < 0.7;
       const refundAmounts = Array.from({ length: between(2, 4) }, () => Math.max(1, Math.round(total * (0.2 + random() * 0.3))));
       const duplicateRefund = random() < 0.5;
+      const rival = random() < 0.25;
       return async () => {
         if (kind < 0.15) {
           // Cancel a created order, the same key sent to two instances.
@@ -170,7 +173,13 @@ describe('three service processes on one database: a mixed storm keeps every inv
           await Promise.all([payWithKey(orderId, pick(['tok_visa', 'tok_lost']), `pay-${i}`, copies, i), cancel(orderId, 1, i + 1)]);
           return;
         }
-        let paid = await payWithKey(orderId, source, `pay-${i}`, copies, i);
+        // Some orders are also paid under a second key at once (a double click that made a new key):
+        // one active payment per order, across instances.
+        const answers = await Promise.all([
+          payWithKey(orderId, source, `pay-${i}`, copies, i),
+          ...(rival ? [payWithKey(orderId, 'tok_visa', `pay-${i}-rival`, 1, i + 2)] : []),
+        ]);
+        let paid = answers.find((res) => res.status === 201) ?? answers[0];
         if (paid.status === 402 && retryWithVisa) paid = await payWithKey(orderId, 'tok_visa', `pay-${i}-visa`, copies, i + 1);
         if (paid.status !== 201 || !refund) return;
         // Cancel the paid order on two instances, then partial refunds in parallel across all three.
@@ -303,6 +312,6 @@ describe('three service processes on one database: a mixed storm keeps every inv
     );
     for (const n of Object.values(mix[0])) expect(n).toBeGreaterThan(0);
     expect(seen.some((s) => s.status === 503)).toBe(true);
-    expect(seen.length).toBeGreaterThan(150);
+    expect(seen.length).toBeGreaterThan(120);
   }, PROCESS_TEST_TIMEOUT_MS);
 });
