@@ -448,9 +448,15 @@ async function main(): Promise<number> {
     out(green(bold(`All ${stepsRun.length} steps answered as narrated.`)));
     return 0;
   } catch (err) {
+    // Interrupted: the requests in flight failed because the service is stopping, not because of it.
+    if (interrupted) return 130;
     out();
     if (err instanceof DemoMismatch) out(red(bold(`✗ step ${stepNo}: ${err.message}`)));
-    else out(red(bold(`✗ step ${stepNo}: ${err instanceof Error ? err.message : String(err)}`)));
+    else {
+      // fetch says only "fetch failed"; the reason (ECONNREFUSED, a timeout) is its cause.
+      const cause = err instanceof Error && err.cause instanceof Error ? ` (${err.cause.message})` : '';
+      out(red(bold(`✗ step ${stepNo}: ${err instanceof Error ? err.message : String(err)}${cause}`)));
+    }
     return 1;
   } finally {
     if (!interrupted) await service?.stop();
