@@ -1367,6 +1367,22 @@ export interface components {
             status: number;
             /** @description What went wrong this time, for people. */
             detail?: string;
+            /** @description What remains refundable, in minor units. */
+            remainingMinor: number;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-charge-not-refundable (Charge cannot be refunded). */
+        PspChargeNotRefundableProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-charge-not-refundable";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
         };
         /** @description The problem of type urn:idempotent-orders:problem:webhook-id-invalid (webhook-id not accepted). */
         WebhookIdInvalidProblem: {
@@ -2760,7 +2776,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description The body is larger than the limit (64 KiB). */
@@ -2823,7 +2839,13 @@ export interface operations {
                 };
             };
             /**
-             * @description Invalid body, missing or malformed Idempotency-Key, or an unknown test token. Nothing recorded.
+             * @description An unknown test token. Nothing recorded.
+             *
+             *     An invalid body or query. Nothing recorded.
+             *
+             *     No Idempotency-Key header. Nothing recorded.
+             *
+             *     The Idempotency-Key is not 1–255 visible ASCII characters, or was sent twice. Nothing recorded.
              *
              *     The body is not valid JSON.
              *
@@ -2834,7 +2856,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"] | components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description The card was declined (tok_chargeDeclined). Recorded: a retry of the key gets this again. */
@@ -2963,7 +2985,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description The body is larger than the limit (64 KiB). */
@@ -3026,7 +3048,11 @@ export interface operations {
                 };
             };
             /**
-             * @description Invalid body, or missing or malformed Idempotency-Key. Nothing recorded.
+             * @description An invalid body or query. Nothing recorded.
+             *
+             *     No Idempotency-Key header. Nothing recorded.
+             *
+             *     The Idempotency-Key is not 1–255 visible ASCII characters, or was sent twice. Nothing recorded.
              *
              *     The body is not valid JSON.
              *
@@ -3037,7 +3063,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description The refund was declined (a charge made with tok_refundDeclined). Recorded: a retry of the key gets this again. */
@@ -3112,21 +3138,19 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
-            /** @description The amount exceeds what remains refundable (the problem then carries remainingMinor), the charge failed, or the Idempotency-Key was used with another body. Nothing recorded. */
+            /**
+             * @description The amount exceeds what remains refundable. Nothing recorded.
+             *
+             *     The charge failed: it took no money to give back. Nothing recorded.
+             *
+             *     The same Idempotency-Key with another body. Nothing recorded.
+             */
             422: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:psp-refund-exceeds-charge",
-                     *       "title": "Refund exceeds the charge",
-                     *       "status": 422,
-                     *       "detail": "Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["PspRefundExceedsChargeProblem"];
+                    "application/problem+json": components["schemas"]["PspRefundExceedsChargeProblem"] | components["schemas"]["PspChargeNotRefundableProblem"] | components["schemas"]["PspIdempotencyKeyReusedProblem"];
                 };
             };
             /** @description tok_unavailable always, tok_flaky on the first 2 attempts per key. Nothing recorded; no Retry-After. */
