@@ -3304,6 +3304,8 @@ export interface operations {
              *
              *     Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.
              *
+             *     Idempotency-Key malformed: not 1–255 visible ASCII characters, or sent twice. Nothing was written.
+             *
              *     The body is not valid JSON.
              *
              *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
@@ -3313,7 +3315,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -3691,6 +3693,8 @@ export interface operations {
              *
              *     Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.
              *
+             *     Idempotency-Key malformed: not 1–255 visible ASCII characters, or sent twice. Nothing was written.
+             *
              *     The body is not valid JSON.
              *
              *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
@@ -3700,7 +3704,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
