@@ -1,5 +1,5 @@
 import { applyDecorators } from '@nestjs/common';
-import { ApiResponse, DECORATORS, type OpenAPIObject, type ReferenceObject, type ResponseObject, type SchemaObject } from '@nestjs/swagger';
+import { ApiResponse, DECORATORS, type OpenAPIObject, type ReferenceObject, type SchemaObject } from '@nestjs/swagger';
 import { PROBLEM_CONTENT_TYPE } from './problem.js';
 
 /**
@@ -196,7 +196,7 @@ export function documentOnEveryOperation(document: OpenAPIObject, problems: Prob
       for (const p of problems) {
         const earlier = operation.responses[p.status] as DocumentedResponse | undefined;
         const description = earlier?.description?.split('\n\n').includes(p.description) ? earlier.description : [earlier?.description, p.description].filter(Boolean).join('\n\n');
-        operation.responses[p.status] = { ...earlier, description, ...mergeProblem(earlier, p) } as ResponseObject;
+        operation.responses[p.status] = { ...earlier, description, ...mergeProblem(earlier, p) };
       }
     }
   }
