@@ -173,6 +173,8 @@ function resolveRef(doc: Document, ref: string): Schema {
 /** Ids of real resources, filled in beforeAll: uuid-format values draw from them half the time. */
 interface Pools {
   orderIds: string[];
+  /** Unpaid orders, each used once by a provider-fault payment so that it reaches the provider. */
+  payableOrderIds: string[];
   paymentIds: string[];
   refundIds: string[];
   chargeIds: string[];
@@ -354,6 +356,8 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
     'duplicated-headers',
     'odd-query',
     'odd-path-id',
+    'provider-fault',
+    'replay',
   ] as const;
   const kind = valid ? 'valid' : rng.pick(kinds);
 
@@ -457,6 +461,17 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
         ]),
       );
       break;
+    case 'provider-fault':
+      // The sandbox's fault tokens: declines, flaky and unavailable providers, answers too late or never.
+      // Their 402s and 503s are documented answers; a 500 is not.
+      if (route === '/orders/{id}/payments' && pools.payableOrderIds.length) pathValues.id = pools.payableOrderIds.shift()!;
+      if (body && typeof body === 'object' && 'source' in body) {
+        (body as Record<string, unknown>).source = rng.pick(['tok_chargeDeclined', 'tok_refundDeclined', 'tok_flaky', 'tok_unavailable', 'tok_timeout', 'tok_lost', 'tok_slow']);
+      }
+      break;
+    case 'replay':
+      // Sent twice by the loop with the same headers: the second is a replay where the operation keeps keys.
+      break;
     case 'odd-path-id':
       pathValues = Object.fromEntries(Object.keys(pathValues).map((k) => [k, rng.pick(['not-a-uuid', '0', '-1', '1e309', 'ü', '%00', seededUuid(rng).toUpperCase(), `${seededUuid(rng)}x`, 'x'.repeat(2000), '00000000-0000-0000-0000-000000000000'])]));
       break;
@@ -553,7 +568,7 @@ function describeRequest(req: Request): string {
 describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=${RUNS})`, () => {
   let t: TestApp;
   let doc: Document;
-  const pools: Pools = { orderIds: [], paymentIds: [], refundIds: [], chargeIds: [] };
+  const pools: Pools = { orderIds: [], payableOrderIds: [], paymentIds: [], refundIds: [], chargeIds: [] };
   const signer = new Webhook(WEBHOOK_SECRET);
   const post = (path: string, body: object) =>
     send(t.url, { method: 'POST', path, headers: [['Authorization', bearer(ALICE)], ['Idempotency-Key', randomUUID()], ['Content-Type', 'application/json']], body: JSON.stringify(body) });
@@ -576,6 +591,7 @@ describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=
     // Real resources, so that some requests reach the code past the 404: orders in every early
     // state, a paid one, its payment and a refund of part of it.
     for (let i = 0; i < 4; i++) pools.orderIds.push(await createOrder());
+    for (let i = 0; i < 6; i++) pools.payableOrderIds.push(await createOrder());
     // Orders 0 and 1 paid; order 0 then cancelled and part of its payment refunded (a refund needs a cancelled order).
     for (const orderId of pools.orderIds.slice(0, 2)) {
       const paid = await post(`/orders/${orderId}/payments`, { source: 'tok_visa' });
@@ -624,6 +640,13 @@ describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=
           try {
             answer = await send(t.url, c.request);
             problems = check(doc, op, answer);
+            if (c.kind === 'replay') {
+              const first = answer;
+              answer = await send(t.url, c.request);
+              problems.push(...check(doc, op, answer).map((p) => `the repeat: ${p}`));
+              // A kept key answers the repeat with the first answer; an operation without keys just answers again.
+              if (answer.headers['idempotent-replayed'] === 'true' && answer.status !== first.status) problems.push(`the replay answered ${answer.status}, the first request ${first.status}`);
+            }
           } catch (err) {
             problems = [`no answer: ${(err as Error).message}`];
           }
