@@ -7,7 +7,7 @@ import type { NextFunction, Request, Response } from 'express';
 import { Logger } from 'nestjs-pino';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, assignRequestId } from './app.module.js';
-import { problemSchemas } from './common/api-problem-responses.js';
+import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
 import { ProblemException } from './common/problem.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from './psp-sandbox/psp-sandbox.controller.js';
@@ -110,6 +110,8 @@ export function buildOpenApiDocument(app: INestApplication) {
     // The method name (createOrder, getOrder, …): what a generated client calls the operation.
     operationIdFactory: (_controllerKey, methodKey) => methodKey,
   });
+  // Before problemSchemas(): documenting a problem registers its type's schema.
+  documentOnEveryOperation(document, [...REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE]);
   document.components = { ...document.components, schemas: { ...document.components?.schemas, ...problemSchemas() } };
   return document;
 }

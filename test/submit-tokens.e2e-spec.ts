@@ -241,7 +241,8 @@ describe('Submit-Token on POST /orders (DESIGN §3.2)', () => {
       const content = create.responses[status].content['application/problem+json'];
       return Object.values(content.examples as Record<string, { value: { type: string } }>).map((e) => e.value.type.split(':').pop()).sort();
     };
-    expect(exampleTypes('400')).toEqual(['idempotency-key-and-submit-token', 'idempotency-key-malformed', 'idempotency-key-missing', 'validation-failed']);
+    // about:blank (malformed JSON) and invalid-json-body: the body parser's refusals, documented on every operation.
+    expect(exampleTypes('400')).toEqual(['blank', 'idempotency-key-and-submit-token', 'idempotency-key-malformed', 'idempotency-key-missing', 'invalid-json-body', 'validation-failed']);
     expect(exampleTypes('409')).toEqual(['idempotency-key-in-use', 'order-number-conflict', 'submit-token-used']);
     expect(exampleTypes('422')).toEqual(['idempotency-key-reused', 'submit-token-invalid']);
     // Merging examples kept the Retry-After header of the in-use 409.

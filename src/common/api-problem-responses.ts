@@ -1,5 +1,5 @@
 import { applyDecorators } from '@nestjs/common';
-import { ApiResponse, DECORATORS, type ReferenceObject, type SchemaObject } from '@nestjs/swagger';
+import { ApiResponse, DECORATORS, type OpenAPIObject, type ReferenceObject, type SchemaObject } from '@nestjs/swagger';
 import { PROBLEM_CONTENT_TYPE } from './problem.js';
 
 /**
@@ -119,29 +119,87 @@ function schemaNamesIn(schema: ProblemContent['schema']): string[] {
 function problemResponse(p: ProblemExample): MethodDecorator & ClassDecorator {
   return (target: object, key?: string | symbol, descriptor?: PropertyDescriptor) => {
     const holder: object = descriptor ? (descriptor.value as object) : target;
-    const responses = Reflect.getMetadata(DECORATORS.API_RESPONSE, holder) as
-      | Record<string, { content?: Record<string, ProblemContent>; headers?: ProblemExample['headers'] }>
-      | undefined;
-    const earlier = responses?.[p.status]?.content?.[PROBLEM_CONTENT_TYPE];
-    const headers = { ...responses?.[p.status]?.headers, ...p.headers };
-    const examples: Record<string, ExampleObject> = {
-      ...earlier?.examples,
-      ...(earlier?.example ? Object.fromEntries([namedExample(earlier.example)]) : {}),
-      ...(p.example ? Object.fromEntries([namedExample(p.example)]) : {}),
-    };
-    const names = Object.keys(examples);
-    const content: ProblemContent = names.length > 1 ? { examples } : names.length === 1 ? { example: examples[names[0]].value as Record<string, unknown> } : {};
-    // The problem types this status can carry: one is its schema, several are a union told apart by `type`.
-    const types = [...new Set([...schemaNamesIn(earlier?.schema), registerProblemType(p)])];
-    const schema = types.length === 1 ? { $ref: schemaRef(types[0]) } : { oneOf: types.map((name) => ({ $ref: schemaRef(name) })) };
+    const responses = Reflect.getMetadata(DECORATORS.API_RESPONSE, holder) as Record<string, DocumentedResponse> | undefined;
+    const { headers, content } = mergeProblem(responses?.[p.status], p);
     const decorator = ApiResponse({
       status: p.status,
       description: p.description,
-      ...(Object.keys(headers).length ? { headers } : {}),
-      content: { [PROBLEM_CONTENT_TYPE]: { schema, ...content } },
+      ...(headers ? { headers } : {}),
+      content,
     }) as (target: object, key?: string | symbol, descriptor?: PropertyDescriptor) => unknown;
     return decorator(target, key, descriptor) as never;
   };
+}
+
+interface DocumentedResponse {
+  description?: string;
+  content?: Record<string, ProblemContent>;
+  headers?: ProblemExample['headers'];
+}
+
+/** A status's problem content with `p` added beside the types, examples and headers documented for it already. */
+function mergeProblem(earlierResponse: DocumentedResponse | undefined, p: ProblemExample): Required<Pick<DocumentedResponse, 'content'>> & DocumentedResponse {
+  const earlier = earlierResponse?.content?.[PROBLEM_CONTENT_TYPE];
+  const headers = { ...earlierResponse?.headers, ...p.headers };
+  const examples: Record<string, ExampleObject> = {
+    ...earlier?.examples,
+    ...(earlier?.example ? Object.fromEntries([namedExample(earlier.example)]) : {}),
+    ...(p.example ? Object.fromEntries([namedExample(p.example)]) : {}),
+  };
+  const names = Object.keys(examples);
+  const content: ProblemContent = names.length > 1 ? { examples } : names.length === 1 ? { example: examples[names[0]].value as Record<string, unknown> } : {};
+  // The problem types this status can carry: one is its schema, several are a union told apart by `type`.
+  const types = [...new Set([...schemaNamesIn(earlier?.schema), registerProblemType(p)])];
+  const schema = types.length === 1 ? { $ref: schemaRef(types[0]) } : { oneOf: types.map((name) => ({ $ref: schemaRef(name) })) };
+  return {
+    ...(Object.keys(headers).length ? { headers } : {}),
+    content: { [PROBLEM_CONTENT_TYPE]: { schema, ...content } },
+  };
+}
+
+/**
+ * The refusals of the body parsing in front of every route (http-app.ts), whatever the route: a
+ * client can send a body to any of them, even a GET, and gets one of these before the route runs.
+ */
+export const REQUEST_BODY_PROBLEMS: ProblemExample[] = [
+  {
+    status: 400,
+    description: 'The body is not valid JSON.',
+    example: { type: 'about:blank', title: 'Bad Request', status: 400, detail: 'Unexpected end of JSON input' },
+  },
+  {
+    status: 400,
+    description: 'The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).',
+    example: { type: 'urn:idempotent-orders:problem:invalid-json-body', title: 'JSON body not accepted', status: 400, detail: 'The JSON body is nested deeper than 32 levels.' },
+  },
+  {
+    status: 415,
+    description: 'A JSON body in a charset other than UTF-8 (the JSON parser reads no other).',
+    example: { type: 'about:blank', title: 'Unsupported Media Type', status: 415, detail: 'unsupported charset "LATIN1"' },
+  },
+  {
+    status: 413,
+    description: 'The body is larger than the limit (64 KiB).',
+    example: { type: 'about:blank', title: 'Payload Too Large', status: 413, detail: 'request entity too large' },
+  },
+];
+
+/**
+ * Adds `problems` to every operation of a built document, merged with what its decorators say:
+ * for refusals that come from middleware rather than from any one controller.
+ */
+export function documentOnEveryOperation(document: OpenAPIObject, problems: ProblemExample[]): void {
+  for (const item of Object.values(document.paths)) {
+    for (const method of ['get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace'] as const) {
+      const operation = item[method];
+      if (!operation) continue;
+      for (const p of problems) {
+        const earlier = operation.responses[p.status] as DocumentedResponse | undefined;
+        const description = earlier?.description?.split('\n\n').includes(p.description) ? earlier.description : [earlier?.description, p.description].filter(Boolean).join('\n\n');
+        operation.responses[p.status] = { ...earlier, description, ...mergeProblem(earlier, p) };
+      }
+    }
+  }
 }
 
 /** Documents error responses as application/problem+json with an example each; several types on one status show as named examples. */

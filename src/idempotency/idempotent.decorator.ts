@@ -36,17 +36,20 @@ export function Idempotent(options: IdempotentOptions = { required: true }) {
       headers: { 'Idempotent-Replayed': { description: 'true when this is the stored response of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
     }),
     ApiProblems(
-      options.required
-        ? {
-            status: 400,
-            description: 'Idempotency-Key missing or malformed (or the body is invalid; not stored, the key stays free).',
-            example: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
-          }
-        : {
-            status: 400,
-            description: 'Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).',
-            example: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
-          },
+      ...(options.required
+        ? [
+            {
+              status: 400,
+              description: 'Idempotency-Key missing (or the body is invalid; not stored, the key stays free).',
+              example: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
+            },
+          ]
+        : []),
+      {
+        status: 400,
+        description: 'Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).',
+        example: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
+      },
       {
         status: 409,
         description: 'A request with this Idempotency-Key is still running. Retry after Retry-After seconds.',

@@ -190,6 +190,11 @@ export function ApiPhasedIdempotencyKey() {
         example: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
       },
       {
+        status: 400,
+        description: 'Idempotency-Key malformed: not 1–255 visible ASCII characters, or sent twice. Nothing was written.',
+        example: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
+      },
+      {
         status: 409,
         description: 'A request with this Idempotency-Key is still running (its lease has not run out). Retry after Retry-After seconds: a retry after the lease resumes it.',
         headers: RETRY_AFTER,

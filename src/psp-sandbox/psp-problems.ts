@@ -1,4 +1,4 @@
-import type { ProblemExample } from '../common/api-problem-responses.js';
+import { type ProblemExample, VALIDATION_FAILED } from '../common/api-problem-responses.js';
 import { ProblemException } from '../common/problem.js';
 import { TEST_TOKEN_NAMES } from './test-tokens.js';
 
@@ -29,11 +29,22 @@ export const lookupNeedsFilter = (fields: [string, string]) =>
     errors: fields.map((field) => ({ field, messages: [`${fields.join(' or ')} is required`] })),
   });
 
+const KEY_MISSING: ProblemExample = {
+  status: 400,
+  description: 'No Idempotency-Key header. Nothing recorded.',
+  example: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'The provider requires an Idempotency-Key header on every charge and refund.' },
+};
+const KEY_MALFORMED: ProblemExample = {
+  status: 400,
+  description: 'The Idempotency-Key is not 1–255 visible ASCII characters, or was sent twice. Nothing recorded.',
+  example: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
+};
+
 /** For the OpenAPI document. */
 export const PSP_PROBLEMS = {
-  validation: {
+  unknownSource: {
     status: 400,
-    description: 'Invalid body, missing or malformed Idempotency-Key, or an unknown test token. Nothing recorded.',
+    description: 'An unknown test token. Nothing recorded.',
     example: {
       type: 'urn:idempotent-orders:problem:psp-unknown-source',
       title: 'Unknown payment source',
@@ -41,6 +52,9 @@ export const PSP_PROBLEMS = {
       detail: '"tok_nope" is not a test token; use one of tok_visa, tok_chargeDeclined, ….',
     },
   },
+  invalid: { ...VALIDATION_FAILED, description: 'An invalid body or query. Nothing recorded.' },
+  keyMissing: KEY_MISSING,
+  keyMalformed: KEY_MALFORMED,
   keyReused: {
     status: 422,
     description: 'The same Idempotency-Key with another body. Nothing recorded.',
@@ -56,10 +70,15 @@ export const PSP_PROBLEMS = {
     description: 'No such charge.',
     example: { type: 'urn:idempotent-orders:problem:psp-charge-not-found', title: 'Charge not found', status: 404, detail: 'There is no charge ch_5f0c3e2a1b9d8c7e6f5a4b3c.' },
   },
-  refundRefused: {
+  refundExceedsCharge: {
     status: 422,
-    description:
-      'The amount exceeds what remains refundable (the problem then carries remainingMinor), the charge failed, or the Idempotency-Key was used with another body. Nothing recorded.',
-    example: { type: 'urn:idempotent-orders:problem:psp-refund-exceeds-charge', title: 'Refund exceeds the charge', status: 422, detail: 'Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable.' },
+    description: 'The amount exceeds what remains refundable. Nothing recorded.',
+    example: { type: 'urn:idempotent-orders:problem:psp-refund-exceeds-charge', title: 'Refund exceeds the charge', status: 422, detail: 'Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable.', remainingMinor: 500 },
+    members: { remainingMinor: { type: 'integer', minimum: 0, description: 'What remains refundable, in minor units.' } },
+  },
+  chargeNotRefundable: {
+    status: 422,
+    description: 'The charge failed: it took no money to give back. Nothing recorded.',
+    example: { type: 'urn:idempotent-orders:problem:psp-charge-not-refundable', title: 'Charge cannot be refunded', status: 422, detail: 'Charge ch_5f0c3e2a1b9d8c7e6f5a4b3c failed: it took no money to give back.' },
   },
 } satisfies Record<string, ProblemExample>;

@@ -96,7 +96,7 @@ export class PspSandboxController {
       },
     },
   })
-  @ApiProblems(PSP_PROBLEMS.validation, PSP_PROBLEMS.keyReused, PSP_PROBLEMS.unavailable)
+  @ApiProblems(PSP_PROBLEMS.unknownSource, PSP_PROBLEMS.invalid, PSP_PROBLEMS.keyMissing, PSP_PROBLEMS.keyMalformed, PSP_PROBLEMS.keyReused, PSP_PROBLEMS.unavailable)
   async createCharge(@Body() body: CreateChargeDto, @Headers('idempotency-key') rawKey: string | undefined, @Res() res: Response): Promise<void> {
     const gone = clientGone(res);
     const answer = await this.sandbox.createCharge(idempotencyKey(rawKey), body);
@@ -111,7 +111,7 @@ export class PspSandboxController {
     security: [],
   })
   @ApiOkResponse({ type: PspChargeList })
-  @ApiProblems({ ...PSP_PROBLEMS.validation, description: 'Neither orderId nor paymentId given, or one is not a UUID.' })
+  @ApiProblems({ ...PSP_PROBLEMS.invalid, description: 'Neither orderId nor paymentId given, or one is not a UUID.' })
   async findCharges(@Query() query: FindChargesQuery): Promise<PspChargeList> {
     if (!query.orderId && !query.paymentId) throw lookupNeedsFilter(['orderId', 'paymentId']);
     return { items: await this.sandbox.findCharges(query) };
@@ -149,9 +149,13 @@ export class PspSandboxController {
     },
   })
   @ApiProblems(
-    { ...PSP_PROBLEMS.validation, description: 'Invalid body, or missing or malformed Idempotency-Key. Nothing recorded.' },
+    PSP_PROBLEMS.invalid,
+    PSP_PROBLEMS.keyMissing,
+    PSP_PROBLEMS.keyMalformed,
     PSP_PROBLEMS.chargeNotFound,
-    PSP_PROBLEMS.refundRefused,
+    PSP_PROBLEMS.refundExceedsCharge,
+    PSP_PROBLEMS.chargeNotRefundable,
+    PSP_PROBLEMS.keyReused,
     PSP_PROBLEMS.unavailable,
   )
   async createRefund(@Body() body: CreateRefundDto, @Headers('idempotency-key') rawKey: string | undefined, @Res() res: Response): Promise<void> {
@@ -169,7 +173,7 @@ export class PspSandboxController {
     security: [],
   })
   @ApiOkResponse({ type: PspRefundList })
-  @ApiProblems({ ...PSP_PROBLEMS.validation, description: 'Neither chargeId nor refundId given, or one is malformed.' })
+  @ApiProblems({ ...PSP_PROBLEMS.invalid, description: 'Neither chargeId nor refundId given, or one is malformed.' })
   async findRefunds(@Query() query: FindRefundsQuery): Promise<PspRefundList> {
     if (!query.chargeId && !query.refundId) throw lookupNeedsFilter(['chargeId', 'refundId']);
     return { items: await this.sandbox.findRefunds(query) };

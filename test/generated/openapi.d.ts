@@ -1367,6 +1367,22 @@ export interface components {
             status: number;
             /** @description What went wrong this time, for people. */
             detail?: string;
+            /** @description What remains refundable, in minor units. */
+            remainingMinor: number;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-charge-not-refundable (Charge cannot be refunded). */
+        PspChargeNotRefundableProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-charge-not-refundable";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
         };
         /** @description The problem of type urn:idempotent-orders:problem:webhook-id-invalid (webhook-id not accepted). */
         WebhookIdInvalidProblem: {
@@ -1412,6 +1428,20 @@ export interface components {
             /** @description The webhook-id of the event that was not processed. */
             webhookId: string;
         };
+        /** @description The problem of type urn:idempotent-orders:problem:invalid-json-body (JSON body not accepted). */
+        InvalidJsonBodyProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:invalid-json-body";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
     };
     responses: never;
     parameters: never;
@@ -1439,21 +1469,47 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description A request body was sent that is not application/json. */
-            415: {
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
-                     *       "title": "Unsupported Media Type",
-                     *       "status": 415,
-                     *       "detail": "Send the request body as application/json."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A request body was sent that is not application/json.
+             *
+             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
         };
@@ -1476,21 +1532,47 @@ export interface operations {
                     "application/json": unknown;
                 };
             };
-            /** @description A request body was sent that is not application/json. */
-            415: {
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
-                     *       "title": "Unsupported Media Type",
-                     *       "status": 415,
-                     *       "detail": "Send the request body as application/json."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A request body was sent that is not application/json.
+             *
+             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
             /** @description The database does not answer. The problem carries the same `info`, `error` and `details` members as a 200, naming what is down. */
@@ -1551,13 +1633,17 @@ export interface operations {
              * @description Invalid limit or status.
              *
              *     cursor is not a nextCursor this API gave out.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
              */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["InvalidCursorProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["InvalidCursorProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -1575,6 +1661,36 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -1627,13 +1743,17 @@ export interface operations {
              *     Neither Idempotency-Key nor Submit-Token was sent.
              *
              *     Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
              */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyAndSubmitTokenProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyAndSubmitTokenProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -1687,21 +1807,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
-            /** @description A request body was sent that is not application/json. */
+            /**
+             * @description A request body was sent that is not application/json.
+             *
+             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             */
             415: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
-                     *       "title": "Unsupported Media Type",
-                     *       "status": 415,
-                     *       "detail": "Send the request body as application/json."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
             /**
@@ -1749,6 +1865,19 @@ export interface operations {
                     "application/json": components["schemas"]["OrderView"];
                 };
             };
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
             /** @description Missing or invalid API key. */
             401: {
                 headers: {
@@ -1781,6 +1910,36 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["OrderNotFoundProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -1818,13 +1977,17 @@ export interface operations {
              * @description The body is invalid (unknown fields, neither shippingAddress nor note, bad values), or If-Match is not a list of quoted ETags.
              *
              *     If-Match is not a list of quoted ETags.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
              */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["InvalidIfMatchProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["InvalidIfMatchProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -1898,21 +2061,34 @@ export interface operations {
                     "application/problem+json": components["schemas"]["StaleVersionProblem"];
                 };
             };
-            /** @description A request body was sent that is not application/json. */
-            415: {
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
-                     *       "title": "Unsupported Media Type",
-                     *       "status": 415,
-                     *       "detail": "Send the request body as application/json."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A request body was sent that is not application/json.
+             *
+             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
             /** @description If-Match is missing (or is *, which names no version). */
@@ -1959,21 +2135,19 @@ export interface operations {
                     "application/json": components["schemas"]["OrderView"];
                 };
             };
-            /** @description Idempotency-Key malformed (or the body is invalid; not stored, the key stays free). */
+            /**
+             * @description Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:idempotency-key-malformed",
-                     *       "title": "Idempotency-Key is malformed",
-                     *       "status": 400,
-                     *       "detail": "Send exactly one Idempotency-Key header."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["IdempotencyKeyMalformedProblem"];
+                    "application/problem+json": components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -2031,6 +2205,36 @@ export interface operations {
                     "application/problem+json": components["schemas"]["IdempotencyKeyInUseProblem"] | components["schemas"]["InvalidTransitionProblem"] | components["schemas"]["ConcurrentRequestProblem"] | components["schemas"]["PaymentInProgressProblem"];
                 };
             };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
             /** @description This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed. */
             422: {
                 headers: {
@@ -2084,21 +2288,19 @@ export interface operations {
                     "application/json": components["schemas"]["OrderView"];
                 };
             };
-            /** @description Idempotency-Key malformed (or the body is invalid; not stored, the key stays free). */
+            /**
+             * @description Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:idempotency-key-malformed",
-                     *       "title": "Idempotency-Key is malformed",
-                     *       "status": 400,
-                     *       "detail": "Send exactly one Idempotency-Key header."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["IdempotencyKeyMalformedProblem"];
+                    "application/problem+json": components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -2152,6 +2354,36 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["IdempotencyKeyInUseProblem"] | components["schemas"]["InvalidTransitionProblem"] | components["schemas"]["ConcurrentRequestProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
             /** @description This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed. */
@@ -2207,21 +2439,19 @@ export interface operations {
                     "application/json": components["schemas"]["OrderView"];
                 };
             };
-            /** @description Idempotency-Key malformed (or the body is invalid; not stored, the key stays free). */
+            /**
+             * @description Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:idempotency-key-malformed",
-                     *       "title": "Idempotency-Key is malformed",
-                     *       "status": 400,
-                     *       "detail": "Send exactly one Idempotency-Key header."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["IdempotencyKeyMalformedProblem"];
+                    "application/problem+json": components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -2277,6 +2507,36 @@ export interface operations {
                     "application/problem+json": components["schemas"]["IdempotencyKeyInUseProblem"] | components["schemas"]["InvalidTransitionProblem"] | components["schemas"]["ConcurrentRequestProblem"];
                 };
             };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
             /** @description This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed. */
             422: {
                 headers: {
@@ -2324,6 +2584,19 @@ export interface operations {
                     "application/json": components["schemas"]["OrderEventView"][];
                 };
             };
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
             /** @description Missing or invalid API key. */
             401: {
                 headers: {
@@ -2358,6 +2631,36 @@ export interface operations {
                     "application/problem+json": components["schemas"]["OrderNotFoundProblem"];
                 };
             };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
         };
     };
     issueSubmitToken: {
@@ -2377,6 +2680,19 @@ export interface operations {
                     "application/json": components["schemas"]["SubmitTokenView"];
                 };
             };
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
             /** @description Missing or invalid API key. */
             401: {
                 headers: {
@@ -2392,6 +2708,36 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -2418,21 +2764,49 @@ export interface operations {
                     "application/json": components["schemas"]["PspChargeList"];
                 };
             };
-            /** @description Neither orderId nor paymentId given, or one is not a UUID. */
+            /**
+             * @description Neither orderId nor paymentId given, or one is not a UUID.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
-                     *       "title": "Unknown payment source",
-                     *       "status": 400,
-                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -2464,21 +2838,25 @@ export interface operations {
                     "application/json": components["schemas"]["PspChargeView"];
                 };
             };
-            /** @description Invalid body, missing or malformed Idempotency-Key, or an unknown test token. Nothing recorded. */
+            /**
+             * @description An unknown test token. Nothing recorded.
+             *
+             *     An invalid body or query. Nothing recorded.
+             *
+             *     No Idempotency-Key header. Nothing recorded.
+             *
+             *     The Idempotency-Key is not 1–255 visible ASCII characters, or was sent twice. Nothing recorded.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
-                     *       "title": "Unknown payment source",
-                     *       "status": 400,
-                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"] | components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description The card was declined (tok_chargeDeclined). Recorded: a retry of the key gets this again. */
@@ -2505,6 +2883,36 @@ export interface operations {
                      *     }
                      */
                     "application/json": components["schemas"]["PspChargeView"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
             /** @description The same Idempotency-Key with another body. Nothing recorded. */
@@ -2565,21 +2973,49 @@ export interface operations {
                     "application/json": components["schemas"]["PspRefundList"];
                 };
             };
-            /** @description Neither chargeId nor refundId given, or one is malformed. */
+            /**
+             * @description Neither chargeId nor refundId given, or one is malformed.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
-                     *       "title": "Unknown payment source",
-                     *       "status": 400,
-                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -2611,21 +3047,23 @@ export interface operations {
                     "application/json": components["schemas"]["PspRefundView"];
                 };
             };
-            /** @description Invalid body, or missing or malformed Idempotency-Key. Nothing recorded. */
+            /**
+             * @description An invalid body or query. Nothing recorded.
+             *
+             *     No Idempotency-Key header. Nothing recorded.
+             *
+             *     The Idempotency-Key is not 1–255 visible ASCII characters, or was sent twice. Nothing recorded.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:psp-unknown-source",
-                     *       "title": "Unknown payment source",
-                     *       "status": 400,
-                     *       "detail": "\"tok_nope\" is not a test token; use one of tok_visa, tok_chargeDeclined, …."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["PspUnknownSourceProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description The refund was declined (a charge made with tok_refundDeclined). Recorded: a retry of the key gets this again. */
@@ -2670,21 +3108,49 @@ export interface operations {
                     "application/problem+json": components["schemas"]["PspChargeNotFoundProblem"];
                 };
             };
-            /** @description The amount exceeds what remains refundable (the problem then carries remainingMinor), the charge failed, or the Idempotency-Key was used with another body. Nothing recorded. */
-            422: {
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:psp-refund-exceeds-charge",
-                     *       "title": "Refund exceeds the charge",
-                     *       "status": 422,
-                     *       "detail": "Only 500 of charge ch_5f0c3e2a1b9d8c7e6f5a4b3c remains refundable."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["PspRefundExceedsChargeProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /**
+             * @description The amount exceeds what remains refundable. Nothing recorded.
+             *
+             *     The charge failed: it took no money to give back. Nothing recorded.
+             *
+             *     The same Idempotency-Key with another body. Nothing recorded.
+             */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["PspRefundExceedsChargeProblem"] | components["schemas"]["PspChargeNotRefundableProblem"] | components["schemas"]["PspIdempotencyKeyReusedProblem"];
                 };
             };
             /** @description tok_unavailable always, tok_flaky on the first 2 attempts per key. Nothing recorded; no Retry-After. */
@@ -2725,6 +3191,19 @@ export interface operations {
                     "application/json": components["schemas"]["PaymentList"];
                 };
             };
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
             /** @description Missing or invalid API key. */
             401: {
                 headers: {
@@ -2757,6 +3236,36 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["OrderNotFoundProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -2794,13 +3303,19 @@ export interface operations {
              * @description The request is malformed: invalid JSON, unknown or invalid fields.
              *
              *     Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.
+             *
+             *     Idempotency-Key malformed: not 1–255 visible ASCII characters, or sent twice. Nothing was written.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
              */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -2875,21 +3390,34 @@ export interface operations {
                     "application/problem+json": components["schemas"]["OrderNotPayableProblem"] | components["schemas"]["NothingToPayProblem"] | components["schemas"]["PaymentInProgressProblem"] | components["schemas"]["IdempotencyKeyInUseProblem"];
                 };
             };
-            /** @description A request body was sent that is not application/json. */
-            415: {
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
-                     *       "title": "Unsupported Media Type",
-                     *       "status": 415,
-                     *       "detail": "Send the request body as application/json."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A request body was sent that is not application/json.
+             *
+             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
             /** @description This Idempotency-Key was used for a different request. Nothing was executed. */
@@ -2954,6 +3482,19 @@ export interface operations {
                     "application/json": components["schemas"]["PaymentView"];
                 };
             };
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
             /** @description Missing or invalid API key. */
             401: {
                 headers: {
@@ -2986,6 +3527,36 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["PaymentNotFoundProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -3009,6 +3580,19 @@ export interface operations {
                     "application/json": components["schemas"]["RefundList"];
                 };
             };
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
             /** @description Missing or invalid API key. */
             401: {
                 headers: {
@@ -3041,6 +3625,36 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["PaymentNotFoundProblem"];
+                };
+            };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
         };
@@ -3078,13 +3692,19 @@ export interface operations {
              * @description The request is malformed: invalid JSON, unknown or invalid fields.
              *
              *     Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.
+             *
+             *     Idempotency-Key malformed: not 1–255 visible ASCII characters, or sent twice. Nothing was written.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
              */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -3156,21 +3776,34 @@ export interface operations {
                     "application/problem+json": components["schemas"]["RefundNotAllowedProblem"] | components["schemas"]["IdempotencyKeyInUseProblem"];
                 };
             };
-            /** @description A request body was sent that is not application/json. */
-            415: {
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
-                     *       "title": "Unsupported Media Type",
-                     *       "status": 415,
-                     *       "detail": "Send the request body as application/json."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A request body was sent that is not application/json.
+             *
+             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
             /**
@@ -3231,6 +3864,19 @@ export interface operations {
                     "application/json": components["schemas"]["RefundView"];
                 };
             };
+            /**
+             * @description The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
             /** @description Missing or invalid API key. */
             401: {
                 headers: {
@@ -3265,6 +3911,36 @@ export interface operations {
                     "application/problem+json": components["schemas"]["RefundNotFoundProblem"];
                 };
             };
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
         };
     };
     receive: {
@@ -3296,21 +3972,19 @@ export interface operations {
                     "application/json": components["schemas"]["WebhookReceiptView"];
                 };
             };
-            /** @description A correctly signed delivery whose webhook-id is longer than 255 characters. Nothing recorded. */
+            /**
+             * @description A correctly signed delivery whose webhook-id is longer than 255 characters. Nothing recorded.
+             *
+             *     The body is not valid JSON.
+             *
+             *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
+             */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "type": "urn:idempotent-orders:problem:webhook-id-invalid",
-                     *       "title": "webhook-id not accepted",
-                     *       "status": 400,
-                     *       "detail": "webhook-id must be 1 to 255 characters: nothing was recorded."
-                     *     }
-                     */
-                    "application/problem+json": components["schemas"]["WebhookIdInvalidProblem"];
+                    "application/problem+json": components["schemas"]["WebhookIdInvalidProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Signature headers missing, no matching signature, or a timestamp more than 5 minutes old or ahead. Nothing recorded. */
@@ -3330,21 +4004,36 @@ export interface operations {
                     "application/problem+json": components["schemas"]["WebhookSignatureInvalidProblem"];
                 };
             };
-            /** @description The body is not sent as application/json. */
-            415: {
+            /** @description The body is larger than the limit (64 KiB). */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     /**
                      * @example {
-                     *       "type": "urn:idempotent-orders:problem:unsupported-media-type",
-                     *       "title": "Unsupported Media Type",
-                     *       "status": 415,
-                     *       "detail": "Send the request body as application/json."
+                     *       "type": "about:blank",
+                     *       "title": "Payload Too Large",
+                     *       "status": 413,
+                     *       "detail": "request entity too large"
                      *     }
                      */
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /**
+             * @description The body is not sent as application/json.
+             *
+             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             *
+             *     A request body was sent that is not application/json.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
             /** @description The event could not be processed (a database error); nothing was recorded, so a redelivery applies it once. */
