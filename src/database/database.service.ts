@@ -1,9 +1,37 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
-import type { Pool, PoolClient } from 'pg';
+import type { Pool, PoolClient, QueryConfig } from 'pg';
 import { DataSource } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 import { isDatabaseUnavailable } from './pg-errors.js';
+
+/**
+ * How many distinct statement texts get a name (a server-side prepared statement on each
+ * connection that runs them). Our SQL is a few dozen constant texts; the cap only bounds the map
+ * (and each connection's statement cache) should some caller build texts from values.
+ */
+const MAX_NAMED_STATEMENTS = 500;
+
+/**
+ * Statement text → its name, for the whole process: a name never stands for two texts, whichever
+ * pool or connection runs it. A named statement is parsed and planned once per connection, then
+ * only bound and executed: the hot path's statements are the same few texts every request, and
+ * parsing them again each time costs PostgreSQL CPU on the 2 cores it shares with this process.
+ * PostgreSQL re-plans a prepared statement by itself when the schema under it changes.
+ */
+const statementNames = new Map<string, string>();
+
+/** Statements with parameters get a name. One without may hold several commands, which only the simple protocol accepts. */
+function namedStatement(text: string, values: unknown[]): string | QueryConfig {
+  if (values.length === 0) return text;
+  let name = statementNames.get(text);
+  if (name === undefined) {
+    if (statementNames.size >= MAX_NAMED_STATEMENTS) return { text, values };
+    name = `s${statementNames.size + 1}`;
+    statementNames.set(text, name);
+  }
+  return { name, text, values };
+}
 
 /** Every pooled connection stayed busy for DATABASE_POOL_WAIT_MS: the service is overloaded, retry shortly. */
 export class PoolExhaustedError extends Error {
@@ -46,11 +74,12 @@ export class Database {
   /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
   async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
     const open = this.current.getStore();
-    if (open) return (await open.query(sql, params)).rows as T[];
+    const statement = namedStatement(sql, params);
+    if (open) return (await open.query(statement, params)).rows as T[];
     const client = await this.connect();
     let broken: Error | undefined;
     try {
-      return (await client.query(sql, params)).rows as T[];
+      return (await client.query(statement, params)).rows as T[];
     } catch (err) {
       if (isDatabaseUnavailable(err)) broken = err as Error;
       throw err;
