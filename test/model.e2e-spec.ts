@@ -408,23 +408,36 @@ class Refund extends Step {
 class DeliverWebhook extends Step {
   constructor(
     readonly index: number,
-    /** Deliver an event already delivered (same webhook-id) instead of any event of this run. */
-    readonly duplicate: boolean,
+    /**
+     * any: one of this run's events, in any order (a charge.failed of a declined payment after the order's
+     * charge.succeeded, a refund event before its charge's); duplicate: an event already delivered, same
+     * webhook-id; stale: a charge.failed, new id, for a charge the provider shows succeeded and we settled
+     * succeeded — an old or out-of-order event must never move anything backwards.
+     */
+    readonly mode: 'any' | 'duplicate' | 'stale',
   ) {
     super();
   }
   check = (m: Readonly<Model>) => m.payments.length > 0;
-  toString = () => `Webhook(${this.index}, duplicate=${this.duplicate})`;
+  toString = () => `Webhook(${this.index}, ${this.mode})`;
   async act(m: Model): Promise<void> {
-    // The sandbox's own events (PSP_WEBHOOK_URL=none keeps them in its outbox): the test is the relay,
-    // and delivers them in any order, any number of times.
-    const { rows } = await t.db.query<{ id: string; type: string; payload: unknown; created_at: Date }>(
-      `SELECT DISTINCT ON (id) id, type, payload, created_at FROM psp.webhook_outbox WHERE (payload->>'orderId')::uuid = ANY($1) ORDER BY id`,
-      [m.orders.map((o) => o.id)],
+    // The sandbox's own events (PSP_WEBHOOK_URL=none keeps them in its outbox): the test is the relay.
+    const { rows } = await t.db.query<{ id: string; type: string; payload: Record<string, unknown>; created_at: Date }>(
+      `SELECT DISTINCT ON (o.id) o.id, o.type, o.payload, o.created_at
+         FROM psp.webhook_outbox o
+        WHERE (o.payload->>'orderId')::uuid = ANY($1)
+          AND ($2 <> 'stale' OR (o.type = 'charge.succeeded'
+               AND EXISTS (SELECT 1 FROM payments p WHERE p.id = (o.payload->>'paymentId')::uuid AND p.status = 'succeeded')))
+        ORDER BY o.id`,
+      [m.orders.map((o) => o.id), this.mode],
     );
-    const events = this.duplicate ? rows.filter((r) => m.delivered.has(r.id)) : rows;
+    const events = this.mode === 'duplicate' ? rows.filter((r) => m.delivered.has(r.id)) : rows;
     if (events.length === 0) return;
-    const event = pick(events, this.index);
+    const picked = pick(events, this.index);
+    const event =
+      this.mode === 'stale'
+        ? { ...picked, id: `msg_stale_${randomUUID()}`, type: 'charge.failed', payload: { ...picked.payload, status: 'failed', failureCode: 'card_declined' } }
+        : picked;
     const body = JSON.stringify({ type: event.type, timestamp: event.created_at.toISOString(), data: event.payload });
     const at = new Date();
     const res = await fetch(`${t.url}/webhooks/psp`, {
@@ -438,9 +451,9 @@ class DeliverWebhook extends Step {
       body,
     });
     const text = await res.text();
-    if (res.status !== 200) throw new Error(`webhook ${event.type} ${event.id} answered ${res.status} ${text}`);
+    if (res.status !== 200) throw new Error(`webhook ${event.type} ${event.id} ${body} answered ${res.status} ${text}`);
     m.delivered.add(event.id);
-    for (const o of m.orders) if (o.id === (event.payload as { orderId: string }).orderId) o.certain = false;
+    for (const o of m.orders) if (o.id === event.payload.orderId) o.certain = false;
   }
 }
 
@@ -502,12 +515,14 @@ const commands = [
   fc.nat().map((i) => new Replay(i)),
   fc.nat().map((i) => new ReuseKeyOtherBody(i)),
   fc.tuple(fc.constantFrom('cancel' as const, 'ship' as const), fc.nat(), fc.boolean()).map(([a, i, k]) => new Transition(a, i, k)),
+  // A second cancel: only a cancelled paid order can be refunded, so refunds need cancels.
+  fc.tuple(fc.nat(), fc.boolean()).map(([i, k]) => new Transition('cancel', i, k)),
   // tok_lost and tok_timeout cost ~1–3 s each (3 × PSP_TIMEOUT_MS per attempt): less often than the others.
   fc
     .tuple(fc.nat(), fc.constantFrom<Token>('tok_visa', 'tok_visa', 'tok_chargeDeclined', 'tok_flaky', 'tok_timeout', 'tok_lost', 'tok_unavailable', 'tok_slow', 'tok_nonsense'), fc.option(fc.nat(), { freq: 3 }))
     .map(([i, tok, r]) => new Pay(i, tok, r)),
   fc.tuple(fc.nat(), fc.option(fc.constantFrom(0.25, 0.5, 1, 1.5)), fc.option(fc.nat(), { freq: 3 })).map(([i, f, r]) => new Refund(i, f ?? undefined, r)),
-  fc.tuple(fc.nat(), fc.boolean()).map(([i, d]) => new DeliverWebhook(i, d)),
+  fc.tuple(fc.nat(), fc.constantFrom('any' as const, 'any' as const, 'duplicate' as const, 'stale' as const)).map(([i, mode]) => new DeliverWebhook(i, mode)),
   fc.constant(null).map(() => new Reconcile()),
   fc.tuple(fc.constantFrom('create' as const, 'pay' as const), fc.integer({ min: 2, max: 6 }), fc.nat()).map(([k, n, i]) => new Burst(k, n, i)),
 ];
