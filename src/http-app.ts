@@ -86,6 +86,31 @@ function requireJsonBody(req: Request, _res: Response, next: NextFunction): void
 /** The name of the API-key security scheme (@ApiBearerAuth() refers to it by this default name). */
 const BEARER_AUTH = 'bearer';
 
+/** The docs/patterns pages (in the repository) that explain how each write is made safe to repeat. */
+const PATTERN_PAGES: Record<string, string[]> = {
+  createOrder: ['idempotency-key', 'concurrent-duplicates', 'natural-key', 'submit-tokens'],
+  issueSubmitToken: ['submit-tokens'],
+  cancelOrder: ['state-machine', 'idempotency-key'],
+  shipOrder: ['state-machine', 'idempotency-key'],
+  deliverOrder: ['state-machine', 'idempotency-key'],
+  updateOrderDetails: ['optimistic-locking'],
+  payOrder: ['phased-external-calls', 'outbound-retries', 'reconciliation'],
+  refundPayment: ['phased-external-calls', 'outbound-retries', 'reconciliation'],
+  receive: ['webhook-consumer'],
+};
+
+/** One place links each write operation's description to its pattern pages, so a reader of Swagger UI finds the why. */
+function linkPatternPages(document: ReturnType<typeof SwaggerModule.createDocument>): void {
+  for (const path of Object.values(document.paths)) {
+    for (const operation of [path.get, path.post, path.put, path.patch, path.delete]) {
+      const pages = operation?.operationId ? PATTERN_PAGES[operation.operationId] : undefined;
+      if (!operation || !pages) continue;
+      const links = pages.map((page) => `docs/patterns/${page}.md`).join(', ');
+      operation.description = `${operation.description ?? ''}\n\nHow it is made safe to repeat: ${links} (in the repository).`.trim();
+    }
+  }
+}
+
 export function buildOpenApiDocument(app: INestApplication) {
   const config = new DocumentBuilder()
     .setTitle('idempotent-orders')
@@ -110,6 +135,7 @@ export function buildOpenApiDocument(app: INestApplication) {
     // The method name (createOrder, getOrder, …): what a generated client calls the operation.
     operationIdFactory: (_controllerKey, methodKey) => methodKey,
   });
+  linkPatternPages(document);
   // Before problemSchemas(): documenting a problem registers its type's schema.
   documentOnEveryOperation(document, [...REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE]);
   document.components = { ...document.components, schemas: { ...document.components?.schemas, ...problemSchemas() } };

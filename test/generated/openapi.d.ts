@@ -60,6 +60,8 @@ export interface paths {
         /**
          * Create an order
          * @description The server computes totalMinor. orderNumber is the natural key per client. Send exactly one of Idempotency-Key (retries replay the first response) or Submit-Token (from POST /submit-tokens; creates at most one order).
+         *
+         *     How it is made safe to repeat: docs/patterns/idempotency-key.md, docs/patterns/concurrent-duplicates.md, docs/patterns/natural-key.md, docs/patterns/submit-tokens.md (in the repository).
          */
         post: operations["createOrder"];
         delete?: never;
@@ -88,6 +90,8 @@ export interface paths {
         /**
          * Change the shipping address and/or note
          * @description Optimistic locking: send If-Match with the ETag of your last read. If the order changed since (another edit or a status change), the answer is 412 with the current ETag and nothing is written. Allowed while the order is created or paid. note: null clears the note.
+         *
+         *     How it is made safe to repeat: docs/patterns/optimistic-locking.md (in the repository).
          */
         patch: operations["updateOrderDetails"];
         trace?: never;
@@ -104,6 +108,8 @@ export interface paths {
         /**
          * Cancel an order
          * @description Allowed from created or paid. One conditional UPDATE moves the order and records an order event, so of concurrent requests exactly one moves it. Asking again once the order is cancelled returns it unchanged: 200, no new event, same ETag.
+         *
+         *     How it is made safe to repeat: docs/patterns/state-machine.md, docs/patterns/idempotency-key.md (in the repository).
          */
         post: operations["cancelOrder"];
         delete?: never;
@@ -124,6 +130,8 @@ export interface paths {
         /**
          * Mark a paid order as shipped
          * @description Allowed from paid. One conditional UPDATE moves the order and records an order event, so of concurrent requests exactly one moves it. Asking again once the order is shipped returns it unchanged: 200, no new event, same ETag.
+         *
+         *     How it is made safe to repeat: docs/patterns/state-machine.md, docs/patterns/idempotency-key.md (in the repository).
          */
         post: operations["shipOrder"];
         delete?: never;
@@ -144,6 +152,8 @@ export interface paths {
         /**
          * Mark a shipped order as delivered
          * @description Allowed from shipped. One conditional UPDATE moves the order and records an order event, so of concurrent requests exactly one moves it. Asking again once the order is delivered returns it unchanged: 200, no new event, same ETag.
+         *
+         *     How it is made safe to repeat: docs/patterns/state-machine.md, docs/patterns/idempotency-key.md (in the repository).
          */
         post: operations["deliverOrder"];
         delete?: never;
@@ -184,6 +194,8 @@ export interface paths {
         /**
          * Get a single-use token for creating one order
          * @description For a form: fetch a token when it is shown, send it as Submit-Token with POST /orders. However often the form is submitted, one order is created; later submits get 409 with its orderId. Lives SUBMIT_TOKEN_TTL_SECONDS (10 min by default). Issuing is harmless to repeat: an unused token simply expires.
+         *
+         *     How it is made safe to repeat: docs/patterns/submit-tokens.md (in the repository).
          */
         post: operations["issueSubmitToken"];
         delete?: never;
@@ -256,6 +268,8 @@ export interface paths {
         /**
          * Pay an order through the provider
          * @description Charges the order total. Atomic phases under the Idempotency-Key: the pending payment and its outbound key are committed before the provider is called; the outcome and the answer are committed together after. A decline (402) is final and stored; a new key may pay again. An unknown outcome (503 payment-pending) is not: retry with the same key.
+         *
+         *     How it is made safe to repeat: docs/patterns/phased-external-calls.md, docs/patterns/outbound-retries.md, docs/patterns/reconciliation.md (in the repository).
          */
         post: operations["payOrder"];
         delete?: never;
@@ -300,6 +314,8 @@ export interface paths {
         /**
          * Refund a payment, fully or partly
          * @description Only a succeeded payment of a cancelled order. The amount (default: what remains) is reserved by one conditional UPDATE before the provider is called, so parallel refunds never exceed the payment. When the settled refunds reach the amount, the order becomes refunded.
+         *
+         *     How it is made safe to repeat: docs/patterns/phased-external-calls.md, docs/patterns/outbound-retries.md, docs/patterns/reconciliation.md (in the repository).
          */
         post: operations["refundPayment"];
         delete?: never;
@@ -340,6 +356,8 @@ export interface paths {
         /**
          * Receive the payment provider's events
          * @description Standard Webhooks: the signature (HMAC-SHA256 with PSP_WEBHOOK_SECRET over `webhook-id.webhook-timestamp.body`, the exact bytes sent) must match and the timestamp be within 5 minutes. Each event is processed once: its webhook-id is recorded in the same transaction as its effect, so a redelivery (later or concurrent) answers 200 `duplicate` and changes nothing. Events never move a payment, refund or order backwards; an event for an unknown or already-settled payment, of an unknown type, or whose amount or currency differs from ours is recorded with no effect. A charge.succeeded for a payment we failed is refunded automatically.
+         *
+         *     How it is made safe to repeat: docs/patterns/webhook-consumer.md (in the repository).
          */
         post: operations["receive"];
         delete?: never;
