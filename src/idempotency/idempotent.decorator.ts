@@ -10,6 +10,14 @@ export interface IdempotentOptions {
   required: boolean;
 }
 
+/** The Idempotency-Key problems as the OpenAPI document shows them; the phased (payment) endpoints document the same ones. */
+export const IDEMPOTENCY_KEY_EXAMPLES = {
+  MISSING: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
+  MALFORMED: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
+  IN_USE: { type: 'urn:idempotent-orders:problem:idempotency-key-in-use', title: 'A request is outstanding for this Idempotency-Key', status: 409, detail: 'Retry after the first request has finished.' },
+  REUSED: { type: 'urn:idempotent-orders:problem:idempotency-key-reused', title: 'Idempotency-Key is already used', status: 422, detail: 'This key was first used for a different request; use a new key for a new request.' },
+};
+
 const ttlNote = 'Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client.';
 
 /**
@@ -41,25 +49,25 @@ export function Idempotent(options: IdempotentOptions = { required: true }) {
             {
               status: 400,
               description: 'Idempotency-Key missing (or the body is invalid; not stored, the key stays free).',
-              example: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
+              example: IDEMPOTENCY_KEY_EXAMPLES.MISSING,
             },
           ]
         : []),
       {
         status: 400,
         description: 'Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).',
-        example: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
+        example: IDEMPOTENCY_KEY_EXAMPLES.MALFORMED,
       },
       {
         status: 409,
         description: 'A request with this Idempotency-Key is still running. Retry after Retry-After seconds.',
         headers: { 'Retry-After': { description: 'seconds', schema: { type: 'string' } } },
-        example: { type: 'urn:idempotent-orders:problem:idempotency-key-in-use', title: 'A request is outstanding for this Idempotency-Key', status: 409, detail: 'Retry after the first request has finished.' },
+        example: IDEMPOTENCY_KEY_EXAMPLES.IN_USE,
       },
       {
         status: 422,
         description: 'This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed.',
-        example: { type: 'urn:idempotent-orders:problem:idempotency-key-reused', title: 'Idempotency-Key is already used', status: 422, detail: 'This key was first used for a different request; use a new key for a new request.' },
+        example: IDEMPOTENCY_KEY_EXAMPLES.REUSED,
       },
     ),
   );

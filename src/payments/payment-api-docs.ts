@@ -2,6 +2,7 @@ import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse, type SchemaObject } from '@nestjs/swagger';
 import { ApiProblems, type ProblemExample } from '../common/api-problem-responses.js';
 import { IDEMPOTENCY_KEY_HEADER } from '../idempotency/idempotency-key-header.js';
+import { IDEMPOTENCY_KEY_EXAMPLES } from '../idempotency/idempotent.decorator.js';
 import { ORDER_STATUSES } from '../orders/order-status.js';
 import { PAYMENT_STATUSES } from './dto/payment.view.js';
 
@@ -187,23 +188,23 @@ export function ApiPhasedIdempotencyKey() {
       {
         status: 400,
         description: 'Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.',
-        example: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
+        example: IDEMPOTENCY_KEY_EXAMPLES.MISSING,
       },
       {
         status: 400,
         description: 'Idempotency-Key malformed: not 1–255 visible ASCII characters, or sent twice. Nothing was written.',
-        example: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
+        example: IDEMPOTENCY_KEY_EXAMPLES.MALFORMED,
       },
       {
         status: 409,
         description: 'A request with this Idempotency-Key is still running (its lease has not run out). Retry after Retry-After seconds: a retry after the lease resumes it.',
         headers: RETRY_AFTER,
-        example: { type: 'urn:idempotent-orders:problem:idempotency-key-in-use', title: 'A request is outstanding for this Idempotency-Key', status: 409, detail: 'Retry after the first request has finished.' },
+        example: IDEMPOTENCY_KEY_EXAMPLES.IN_USE,
       },
       {
         status: 422,
         description: 'This Idempotency-Key was used for a different request. Nothing was executed.',
-        example: { type: 'urn:idempotent-orders:problem:idempotency-key-reused', title: 'Idempotency-Key is already used', status: 422, detail: 'This key was first used for a different request; use a new key for a new request.' },
+        example: IDEMPOTENCY_KEY_EXAMPLES.REUSED,
       },
     ),
   );
