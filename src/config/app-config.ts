@@ -19,6 +19,8 @@ export interface AppConfig {
   idempotencyTtlSeconds: number;
   idempotencyWaitMs: number;
   idempotencyLeaseSeconds: number;
+  /** Completed keys whose answers this process keeps for replays; 0: every replay reads the database. */
+  idempotencyReplayCacheEntries: number;
   databasePoolSize: number;
   databasePoolWaitMs: number;
   submitTokenTtlSeconds: number;
@@ -228,6 +230,8 @@ export function loadConfig(env: Env = process.env): AppConfig {
     // A duplicate waits this long for the first request to finish before it gets 409 + Retry-After.
     idempotencyWaitMs: integer(env, 'IDEMPOTENCY_WAIT_MS', 5_000, 0, 60_000),
     idempotencyLeaseSeconds,
+    // 10 000 answers of a few hundred bytes each: a few MB, enough for every key being retried at once.
+    idempotencyReplayCacheEntries: integer(env, 'IDEMPOTENCY_REPLAY_CACHE_ENTRIES', 10_000, 0, 1_000_000),
     // 20 connections keep two cores busy; more only queue inside PostgreSQL instead of here.
     databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 20, 2, 500),
     // A request that cannot get a connection this fast is told to come back (503) instead of queueing without end.

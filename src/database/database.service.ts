@@ -41,10 +41,36 @@ export class PoolExhaustedError extends Error {
   }
 }
 
+/** A statement whose rows nobody reads: it rides along with the next one that is sent. */
+interface Deferred {
+  sql: string;
+  params: unknown[];
+}
+
+/** The transaction `transaction(fn)` opened, as every query made while `fn` runs finds it. */
+interface OpenTransaction {
+  client: PoolClient;
+  /** False until BEGIN has been sent: a transaction that makes no query costs no round trip at all. */
+  begun: boolean;
+  /** Sent, in order, in the same write as the next statement (or the COMMIT). */
+  deferred: Deferred[];
+}
+
 /**
  * SQL in the current transaction. `transaction(fn)` opens one and every `query` made while `fn`
  * runs — in this service or any other — joins it, so an interceptor can claim an idempotency key,
  * let the handler write, and record the response in ONE commit.
+ *
+ * Round trips are the cost that matters on a small machine (each is a write to the socket and a
+ * wake-up of a PostgreSQL backend), so a transaction sends what it can together, over a pipelined
+ * connection (pg's `pipeline` mode: each statement keeps its own result and error):
+ * - BEGIN goes out with the transaction's first statement;
+ * - `defer(sql)` queues a statement whose result nobody reads (a SAVEPOINT, recording a response):
+ *   it goes out with the next statement, or with the COMMIT;
+ * so an idempotent create is three round trips: BEGIN + claim, SAVEPOINT + insert, record + COMMIT.
+ * The order of statements, and so every guarantee, is exactly that of sending them one by one; a
+ * batch's first error is the one thrown (the statements after it fail only because it aborted the
+ * transaction).
  *
  * It talks to TypeORM's own `pg` pool directly: the hot path is hand-written SQL, and TypeORM's
  * QueryRunner per statement costs CPU the 2-core benchmark machine shares with PostgreSQL.
@@ -59,7 +85,7 @@ export class PoolExhaustedError extends Error {
 @Injectable()
 export class Database {
   private readonly logger = new Logger('Database');
-  private readonly current = new AsyncLocalStorage<PoolClient>();
+  private readonly current = new AsyncLocalStorage<OpenTransaction>();
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
   private readonly guarded = new WeakSet<PoolClient>();
   private readonly onClientError = (err: Error) =>
@@ -74,18 +100,73 @@ export class Database {
   /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
   async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
     const open = this.current.getStore();
-    const statement = namedStatement(sql, params);
-    if (open) return (await open.query(statement, params)).rows as T[];
+    if (open) {
+      const results = await this.send(open, [...this.takeDeferred(open), { sql, params }]);
+      return results[results.length - 1] as T[];
+    }
     const client = await this.connect();
     let broken: Error | undefined;
     try {
-      return (await client.query(statement, params)).rows as T[];
+      return (await client.query(namedStatement(sql, params), params)).rows as T[];
     } catch (err) {
       if (isDatabaseUnavailable(err)) broken = err as Error;
       throw err;
     } finally {
       client.release(broken);
     }
+  }
+
+  /**
+   * Queues a statement of the current transaction whose result nobody reads: it is sent with the
+   * next statement, or with the COMMIT, and an error it raises is thrown there.
+   */
+  defer(sql: string, params: unknown[] = []): void {
+    this.openTransaction('defer').deferred.push({ sql, params });
+  }
+
+  /** A point the current transaction can return to (sent with the next statement). */
+  savepoint(name: string): void {
+    this.defer(`SAVEPOINT ${name}`);
+  }
+
+  /** Undoes everything since `savepoint(name)`; nothing to send when the savepoint itself was never sent. */
+  rollbackToSavepoint(name: string): void {
+    const open = this.openTransaction('rollbackToSavepoint');
+    const at = open.deferred.findIndex((d) => d.sql === `SAVEPOINT ${name}`);
+    if (at >= 0) open.deferred.splice(at);
+    else open.deferred.push({ sql: `ROLLBACK TO SAVEPOINT ${name}`, params: [] });
+  }
+
+  private openTransaction(what: string): OpenTransaction {
+    const open = this.current.getStore();
+    if (!open) throw new Error(`Database.${what} needs a transaction`);
+    return open;
+  }
+
+  private takeDeferred(open: OpenTransaction): Deferred[] {
+    const taken: Deferred[] = open.begun ? [] : [{ sql: 'BEGIN', params: [] }];
+    open.begun = true;
+    return taken.concat(open.deferred.splice(0));
+  }
+
+  /**
+   * Sends the statements in one write (the socket is corked while pg writes them) and waits for all
+   * of them; their rows, in order, or the first error. Waiting for all keeps the connection's
+   * queue empty whatever fails, so it can be rolled back and released.
+   */
+  private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
+    const stream = (open.client as unknown as { connection: { stream: { cork(): void; uncork(): void } } }).connection.stream;
+    stream.cork();
+    let pending: Promise<{ rows: unknown[] }>[];
+    try {
+      pending = statements.map(({ sql, params }) => open.client.query(namedStatement(sql, params), params));
+    } finally {
+      stream.uncork();
+    }
+    const settled = await Promise.allSettled(pending);
+    const failed = settled.find((r) => r.status === 'rejected');
+    if (failed) throw failed.reason;
+    return settled.map((r) => (r as PromiseFulfilledResult<{ rows: unknown[] }>).value.rows);
   }
 
   /**
@@ -112,17 +193,21 @@ export class Database {
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
     const client = await this.connect();
+    const open: OpenTransaction = { client, begun: false, deferred: [] };
     let broken: Error | undefined;
     try {
-      await client.query('BEGIN');
-      const result = await this.current.run(client, fn);
-      await client.query('COMMIT');
+      const result = await this.current.run(open, fn);
+      // Nothing sent and nothing queued: there is no transaction to end.
+      if (open.begun || open.deferred.length > 0) await this.send(open, [...this.takeDeferred(open), { sql: 'COMMIT', params: [] }]);
       return result;
     } catch (err) {
       // A connection that cannot even roll back is dropped, not handed to the next request.
-      await client.query('ROLLBACK').catch((rollbackError: unknown) => {
-        broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
-      });
+      // (After a failed COMMIT the transaction is over already; ROLLBACK then only warns.)
+      if (open.begun) {
+        await client.query('ROLLBACK').catch((rollbackError: unknown) => {
+          broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
+        });
+      }
       throw err;
     } finally {
       client.release(broken);

@@ -38,6 +38,8 @@ export function typeormOptions(url: string, tuning: DatabaseTuning): DataSourceO
       // A request stuck behind a lock longer than a client would wait is better told to retry (409).
       options: `-c lock_timeout=${tuning.lockTimeoutMs} -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000`,
       application_name: 'idempotent-orders',
+      // Statements sent together are not each held back for the previous one's answer (Database.send).
+      pipeline: true,
     },
   };
 }

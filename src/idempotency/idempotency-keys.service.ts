@@ -21,6 +21,8 @@ export interface KeyRecord {
   id: string;
   fingerprint: string;
   expired: boolean;
+  /** How long the key has left to live, as PostgreSQL counts (null when it never expires: unfinished). */
+  expiresInMs: number | null;
   /** null while the key is unfinished (only a phased handler ever commits it so). */
   response: StoredResponse | null;
 }
@@ -38,6 +40,7 @@ interface KeyRow {
   fingerprint: string;
   state: 'in_progress' | 'completed';
   expired: boolean;
+  expires_in_ms: number | null;
   response_status: number | null;
   response_headers: Record<string, string> | null;
   response_body: string | null;
@@ -48,13 +51,17 @@ const toRecord = (row: KeyRow): KeyRecord => ({
   id: row.id,
   fingerprint: row.fingerprint,
   expired: row.expired,
+  expiresInMs: row.expires_in_ms,
   response:
     row.state === 'completed'
       ? { status: row.response_status!, headers: row.response_headers ?? {}, body: row.response_body! }
       : null,
 });
 
-const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired, response_status, response_headers, response_body`;
+// An unfinished phased key expires at 'infinity', which no interval can measure.
+const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired,
+  CASE WHEN isfinite(expires_at) THEN (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8 END AS expires_in_ms,
+  response_status, response_headers, response_body`;
 
 /**
  * Claim or find in ONE statement. The INSERT either takes the key or, when a row exists, does
@@ -109,10 +116,11 @@ export class IdempotencyKeysService {
    */
   async claimKey(scope: KeyScope, lockWaitMs?: number): Promise<Claim> {
     // lock_timeout 0 means "no limit": one millisecond is the shortest wait PostgreSQL can do.
-    if (lockWaitMs !== undefined) await this.db.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.ceil(lockWaitMs))}ms`]);
+    // Both settings ride along with the statements next to them: no round trip of their own.
+    if (lockWaitMs !== undefined) this.db.defer(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.ceil(lockWaitMs))}ms`]);
     const claim = await this.claim(scope);
     // Not reached when a claim statement failed: the transaction is aborted and rolls back anyway.
-    if (lockWaitMs !== undefined) await this.db.query(`SET LOCAL lock_timeout TO DEFAULT`);
+    if (lockWaitMs !== undefined) this.db.defer(`SET LOCAL lock_timeout TO DEFAULT`);
     return claim;
   }
 
@@ -142,9 +150,9 @@ export class IdempotencyKeysService {
     return row && toRecord(row);
   }
 
-  /** Completes the claim with the response to replay. Same transaction as the claim. */
-  async recordResponse(id: string, response: StoredResponse): Promise<void> {
-    await this.db.query(
+  /** Completes the claim with the response to replay. Same transaction as the claim; sent with its COMMIT. */
+  recordResponse(id: string, response: StoredResponse): void {
+    this.db.defer(
       `UPDATE idempotency_keys
           SET state = 'completed', response_status = $2, response_headers = $3, response_body = $4, completed_at = now()
         WHERE id = $1`,

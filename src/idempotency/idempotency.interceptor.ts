@@ -2,7 +2,7 @@ import { type CallHandler, type ExecutionContext, HttpException, Inject, Injecta
 import { Reflector } from '@nestjs/core';
 import type { Request, Response } from 'express';
 import { performance } from 'node:perf_hooks';
-import { from, lastValueFrom, type Observable } from 'rxjs';
+import { from, lastValueFrom, type Observable, of } from 'rxjs';
 import { ProblemException, PROBLEM_CONTENT_TYPE } from '../common/problem.js';
 import { toProblem } from '../common/problem.filter.js';
 import type { AppConfig } from '../config/app-config.js';
@@ -14,6 +14,7 @@ import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metri
 import { parseIdempotencyKey } from './idempotency-key-header.js';
 import { type Claim, IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
 import { keyInUse, keyMissing, keyReused, keyScopeOf } from './idempotency-problems.js';
+import { type CompletedKey, ReplayCache } from './replay-cache.js';
 import { writeStoredResponse } from './stored-response.js';
 
 /**
@@ -32,6 +33,9 @@ const REPLAYED_HEADERS = new Set(['content-type', 'location', 'etag', 'retry-aft
 
 /** A duplicate that gave up waiting is told to come back in a second: most requests finish well within that. */
 const OUTSTANDING_RETRY_AFTER_SECONDS = 1;
+
+/** Bounds the replay cache's memory whatever the bodies weigh: 10 000 typical answers are a few MB. */
+const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
 
 const SAVEPOINT = 'idempotent_handler';
 const JSON_CONTENT_TYPE = 'application/json; charset=utf-8';
@@ -70,13 +74,18 @@ export class IdempotencyInterceptor implements NestInterceptor {
    */
   private readonly lines = new Map<string, Promise<void>>();
 
+  /** Answers of completed keys that were replayed, for their next replays (see ReplayCache for why that is sound). */
+  private readonly replays: ReplayCache;
+
   constructor(
     private readonly reflector: Reflector,
     private readonly keys: IdempotencyKeysService,
     private readonly db: Database,
     private readonly metrics: IdempotencyMetrics,
     @Inject(APP_CONFIG) private readonly config: AppConfig,
-  ) {}
+  ) {
+    this.replays = new ReplayCache(config.idempotencyReplayCacheEntries, REPLAY_CACHE_MAX_BYTES);
+  }
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
     const options = this.reflector.get<IdempotentOptions | undefined>(IDEMPOTENT, context.getHandler());
@@ -90,7 +99,20 @@ export class IdempotencyInterceptor implements NestInterceptor {
       this.metrics.note('missing', clientId, undefined);
       throw keyMissing();
     }
-    return from(this.respond(keyScopeOf(req, parseIdempotencyKey(raw)), next, res));
+    const scope = keyScopeOf(req, parseIdempotencyKey(raw));
+    // A completed key cannot be in flight: its replay needs neither the line nor the database.
+    const completed = this.replays.get(scope.clientId, scope.key);
+    if (completed) return of(this.replayCompleted(scope, completed, res));
+    return from(this.respond(scope, next, res));
+  }
+
+  private replayCompleted(scope: KeyScope, completed: CompletedKey, res: Response): string {
+    if (completed.fingerprint !== scope.fingerprint) {
+      this.metrics.note('mismatch', scope.clientId, scope.key);
+      throw keyReused();
+    }
+    this.metrics.note('replayed', scope.clientId, scope.key);
+    return writeStoredResponse(res, completed.response, true);
   }
 
   /**
@@ -136,14 +158,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   /** `lockWaitMs`: what is left of the wait after waiting in line (undefined: it did not). */
   private async respondOnce(scope: KeyScope, next: CallHandler, res: Response, lockWaitMs: number | undefined): Promise<unknown> {
-    const waited = lockWaitMs !== undefined;
-    // Fast path for retries: a completed, live key is replayed (or refused) with one read and no
-    // transaction. Only an optimisation: whatever this read misses, the claim below decides.
-    const known = await this.keys.findKey(scope.clientId, scope.key);
-    const execution =
-      known?.response && !known.expired
-        ? this.replay(scope, known, waited)
-        : await this.db.transaction(() => this.execute(scope, next, res, lockWaitMs));
+    // No read before the claim: the claim returns a key that exists, so a replay costs two round trips
+    // (then none: ReplayCache) and a new key saves one, on every create.
+    const execution = await this.db.transaction(() => this.execute(scope, next, res, lockWaitMs));
     if (execution.kind === 'rethrow') throw execution.error;
     const { response, replayed, outcome } = execution;
     this.metrics.note(outcome, scope.clientId, scope.key);
@@ -162,26 +179,33 @@ export class IdempotencyInterceptor implements NestInterceptor {
     }
     if (claim.kind === 'contended') throw this.outstanding(scope, performance.now() - waitStarted);
     if (claim.kind === 'existing') {
+      const waited = claim.waited || lockWaitMs !== undefined;
       if (claim.waited) this.metrics.wait.observe((performance.now() - waitStarted) / 1000);
-      return this.replay(scope, claim.record, claim.waited);
+      const { record } = claim;
+      // Committed and completed, so it stays as it is until it expires. Replayed once, likely
+      // replayed again (a retry storm): its next replays are answered from memory.
+      if (record.response && !record.expired) {
+        this.replays.remember(scope.clientId, scope.key, { fingerprint: record.fingerprint, response: record.response }, record.expiresInMs ?? 0);
+      }
+      return this.replay(scope, record, waited);
     }
 
     // Everything the handler writes can be undone alone, so a business error is stored without them.
-    await this.db.query(`SAVEPOINT ${SAVEPOINT}`);
+    this.db.savepoint(SAVEPOINT);
     try {
       const value: unknown = await lastValueFrom(next.handle(), { defaultValue: undefined });
       const body = value === undefined ? '' : JSON.stringify(value);
       if (body) res.setHeader('Content-Type', JSON_CONTENT_TYPE);
       const response: StoredResponse = { status: res.statusCode, headers: pickHeaders(res.getHeaders()), body };
-      await this.keys.recordResponse(claim.id, response);
+      this.keys.recordResponse(claim.id, response);
       return { kind: 'respond', response, replayed: false, outcome: 'executed' };
     } catch (err) {
       // Validation errors, auth, 5xx, and temporary refusals (they carry Retry-After: ask again later,
       // e.g. a cancel while a payment is pending): thrown on, the transaction rolls back, the key is free again.
       if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus()) || isTemporary(err)) throw err;
-      await this.db.query(`ROLLBACK TO SAVEPOINT ${SAVEPOINT}`);
+      this.db.rollbackToSavepoint(SAVEPOINT);
       const { problem, headers } = toProblem(err);
-      await this.keys.recordResponse(claim.id, {
+      this.keys.recordResponse(claim.id, {
         status: problem.status,
         headers: { ...pickHeaders(headers), 'content-type': `${PROBLEM_CONTENT_TYPE}; charset=utf-8` },
         body: JSON.stringify(problem),
