@@ -659,3 +659,61 @@ describe('Idempotency-Key: replayed headers and the bound on waiting (test-only 
     expect((await db.query(`SELECT count(*)::int AS n FROM orders WHERE note = 'outstanding'`)).rows[0].n).toBe(0);
   });
 });
+
+describe('Idempotency-Key: replays answered from memory (ReplayCache, IDEMPOTENCY_TTL_SECONDS=3)', () => {
+  let t: TestApp;
+  // Short-lived keys, so the test can watch one expire: the cache must let go of it first.
+  beforeAll(async () => (t = await startTestApp({ IDEMPOTENCY_TTL_SECONDS: '3' })));
+  afterAll(async () => {
+    await t?.close();
+  });
+  const post = (key: string, body: unknown, client = ALICE) =>
+    request(t.url).post('/orders').set('Authorization', bearer(client)).set('Idempotency-Key', key).send(body as object);
+  const ordersWithNote = async (note: string) => (await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE note = $1`, [note])).rows[0].n as number;
+
+  it('a replayed key is answered again from memory, byte for byte, even with its row gone', async () => {
+    const key = randomUUID();
+    const first = await post(key, order({ note: 'cached' }));
+    expect(first.status).toBe(201);
+    const replayed = await post(key, order({ note: 'cached' })); // read from the database, then remembered
+    expect(replayed.headers['idempotent-replayed']).toBe('true');
+    // Only memory can answer now: nothing in production deletes a live completed key, the test does.
+    await t.db.query(`DELETE FROM idempotency_keys WHERE key = $1`, [key]);
+    const fromMemory = await post(key, order({ note: 'cached' }));
+    expect(fromMemory.status).toBe(201);
+    expect(fromMemory.headers['idempotent-replayed']).toBe('true');
+    expect(fromMemory.text).toBe(first.text);
+    expect(fromMemory.headers.location).toBe(first.headers.location);
+    expect(fromMemory.headers.etag).toBe(first.headers.etag);
+    expect(await ordersWithNote('cached')).toBe(1);
+  });
+
+  it("from memory too: another body is refused (422), and another client's same key is its own", async () => {
+    const key = randomUUID();
+    expect((await post(key, order({ note: 'cached-scope' }))).status).toBe(201);
+    expect((await post(key, order({ note: 'cached-scope' }))).headers['idempotent-replayed']).toBe('true');
+    await t.db.query(`DELETE FROM idempotency_keys WHERE key = $1`, [key]);
+    const other = await post(key, order({ note: 'cached-scope-other' }));
+    expect(other.status).toBe(422);
+    expect(other.body.type).toBe('urn:idempotent-orders:problem:idempotency-key-reused');
+    const bob = await post(key, order({ note: 'cached-scope' }), BOB);
+    expect(bob.status).toBe(201);
+    expect(bob.headers['idempotent-replayed']).toBeUndefined();
+    expect(await ordersWithNote('cached-scope')).toBe(2);
+    expect(await ordersWithNote('cached-scope-other')).toBe(0);
+  });
+
+  it('lets go of a key before it expires: once expired, the key is taken over by a new request', async () => {
+    const key = randomUUID();
+    expect((await post(key, order({ note: 'cached-ttl-1' }))).status).toBe(201);
+    expect((await post(key, order({ note: 'cached-ttl-1' }))).headers['idempotent-replayed']).toBe('true');
+    await until(
+      async () => (await t.db.query(`SELECT expires_at <= now() AS expired FROM idempotency_keys WHERE key = $1`, [key])).rows[0].expired === true,
+      'the key has expired in the database',
+    );
+    const reused = await post(key, order({ note: 'cached-ttl-2' }));
+    expect(reused.status).toBe(201);
+    expect(reused.headers['idempotent-replayed']).toBeUndefined();
+    expect(await ordersWithNote('cached-ttl-2')).toBe(1);
+  });
+});

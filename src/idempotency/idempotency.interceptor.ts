@@ -106,12 +106,12 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return from(this.respond(scope, next, res));
   }
 
-  private replayCompleted(scope: KeyScope, completed: CompletedKey, res: Response): string {
+  private replayCompleted(scope: KeyScope, completed: CompletedKey, res: Response, outcome: 'replayed' | 'waited' = 'replayed'): string {
     if (completed.fingerprint !== scope.fingerprint) {
       this.metrics.note('mismatch', scope.clientId, scope.key);
       throw keyReused();
     }
-    this.metrics.note('replayed', scope.clientId, scope.key);
+    this.metrics.note(outcome, scope.clientId, scope.key);
     return writeStoredResponse(res, completed.response, true);
   }
 
@@ -130,7 +130,12 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const line = ahead ? ahead.then(() => done) : done;
     this.lines.set(slot, line);
     try {
-      if (ahead) await this.waitInLine(ahead, scope, deadline);
+      if (ahead) {
+        await this.waitInLine(ahead, scope, deadline);
+        // The request ahead (or the first duplicate after it) has just put the answer in memory.
+        const completed = this.replays.get(scope.clientId, scope.key);
+        if (completed) return this.replayCompleted(scope, completed, res, 'waited');
+      }
       return await this.respondOnce(scope, next, res, ahead ? deadline - performance.now() : undefined);
     } finally {
       leave();

@@ -7,7 +7,7 @@ export interface CompletedKey {
 }
 
 interface Entry extends CompletedKey {
-  /** performance.now() after which the entry is not used: the key may expire and be taken over. */
+  /** The clock's time after which the entry is not used: the key may expire and be taken over. */
   usableUntil: number;
   bytes: number;
 }
@@ -40,6 +40,8 @@ export class ReplayCache {
   constructor(
     private readonly maxEntries: number,
     private readonly maxBytes: number,
+    /** A monotonic clock in ms (a test passes its own). */
+    private readonly now: () => number = () => performance.now(),
   ) {}
 
   get(clientId: string, key: string): CompletedKey | undefined {
@@ -47,12 +49,12 @@ export class ReplayCache {
     const entry = this.entries.get(slot);
     if (!entry) return undefined;
     this.entries.delete(slot);
-    if (performance.now() >= entry.usableUntil) {
+    if (this.now() >= entry.usableUntil) {
       this.bytes -= entry.bytes;
       return undefined;
     }
     this.entries.set(slot, entry); // most recently used last
-    return entry;
+    return { fingerprint: entry.fingerprint, response: entry.response };
   }
 
   /** `expiresInMs`: the key's remaining life as PostgreSQL measured it when the row was read. */
@@ -67,7 +69,7 @@ export class ReplayCache {
       this.entries.delete(slot);
       this.bytes -= previous.bytes;
     }
-    this.entries.set(slot, { ...completed, usableUntil: performance.now() + usableFor, bytes });
+    this.entries.set(slot, { ...completed, usableUntil: this.now() + usableFor, bytes });
     this.bytes += bytes;
     for (const [oldest, entry] of this.entries) {
       if (this.entries.size <= this.maxEntries && this.bytes <= this.maxBytes) break;
