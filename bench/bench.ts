@@ -77,7 +77,7 @@ async function cannon(name: string, url: string, opts: Partial<autocannon.Option
  * named statements, three round trips (BEGIN + claim, SAVEPOINT + order and lines, record + COMMIT).
  */
 async function directCreates(url: string): Promise<Row> {
-  const pool = new pg.Pool({ connectionString: url, max: 20, pipeline: true } as pg.PoolConfig);
+  const pool = new pg.Pool({ connectionString: url, max: 20, pipeline: true });
   const claim = `WITH claimed AS (INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
       VALUES ($1, $2, $3, 'POST', '/orders', now() + make_interval(secs => 86400)) ON CONFLICT ON CONSTRAINT uq_idempotency_keys_client_key DO NOTHING
       RETURNING id, true AS claimed) SELECT * FROM claimed UNION ALL SELECT id, false FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
