@@ -8,6 +8,7 @@ import { PspSandbox1764414500000 } from './1764414500000-psp-sandbox.js';
 import { Payments1764414600000 } from './1764414600000-payments.js';
 import { Webhooks1764414700000 } from './1764414700000-webhooks.js';
 import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbox.js';
+import { KeyRowHotUpdates1764414900000 } from './1764414900000-key-row-hot-updates.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -19,4 +20,5 @@ export const migrations = [
   Payments1764414600000,
   Webhooks1764414700000,
   PspWebhookOutbox1764414800000,
+  KeyRowHotUpdates1764414900000,
 ];

@@ -12,7 +12,7 @@ export type IdempotencyKeyState = 'in_progress' | 'completed';
 @Entity('idempotency_keys')
 @Unique('uq_idempotency_keys_client_key', ['clientId', 'key'])
 @Index('ix_idempotency_keys_expires_at', ['expiresAt'])
-@Index('ix_idempotency_keys_unfinished_lease', ['lockedUntil'], { where: `"state" = 'in_progress'` })
+@Index('ix_idempotency_keys_unfinished_lease', ['lockedUntil'], { where: `"locked_until" IS NOT NULL` })
 @Check('ck_idempotency_keys_state', `"state" IN ('in_progress', 'completed')`)
 @Check('ck_idempotency_keys_key_length', `char_length("key") BETWEEN 1 AND 255`)
 @Check(
