@@ -91,6 +91,24 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
   }
 
   describe('paying', () => {
+    it('an active payment only the unique index sees (no pending row to find first) is named in a 409, not a 500', async () => {
+      const orderId = await createOrder(2500);
+      // A state the service never makes (a succeeded payment of an order still 'created'): it is the way to reach
+      // ux_payments_one_active_per_order's refusal, which aborts the transaction the answer is then read in.
+      const { rows } = await t.db.query(
+        `INSERT INTO payments (client_id, order_id, status, amount_minor, currency, source, provider_transaction_id, outbound_key)
+         VALUES ('alice', $1, 'succeeded', 2500, 'EUR', 'tok_visa', 'ch_test_' || gen_random_uuid(), 'test_' || gen_random_uuid()) RETURNING id`,
+        [orderId],
+      );
+      const res = await pay(orderId, 'tok_visa');
+      expect(res.status).toBe(409);
+      expect(res.headers['content-type']).toMatch(PROBLEM_JSON);
+      expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-in-progress', paymentId: rows[0].id });
+      expect(await charges(orderId)).toEqual([]);
+      expect(await paymentsOf(orderId)).toHaveLength(1);
+      expect(await unfinishedKeys()).toBe(0);
+    });
+
     it('tok_visa: 201 + Location, the payment succeeded, the order paid with one history row, one charge at the provider', async () => {
       const orderId = await createOrder(2500);
       const res = await pay(orderId, 'tok_visa');

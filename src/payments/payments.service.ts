@@ -16,6 +16,8 @@ import { PaymentReconciler } from './payment-reconciler.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
 import { chargeOutcome, foundChargeOutcome } from './provider-outcomes.js';
 
+const PAYMENT_INSERT = 'payment_insert';
+
 /** What an idempotent payment endpoint answers: a stored response, sent as it is. */
 export interface KeyAnswer {
   response: StoredResponse;
@@ -95,6 +97,8 @@ export class PaymentsService {
     // Under the order's lock, so this read cannot race another payer of the same order.
     const [pending] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status = 'pending'`, [orderId]);
     if (pending) throw paymentInProgress(pending.id);
+    // A unique violation aborts the transaction; rolled back to here, it can still name the payment in the way.
+    this.db.savepoint(PAYMENT_INSERT);
     try {
       const [payment] = await this.db.query<PaymentRow>(
         `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key)
@@ -106,6 +110,7 @@ export class PaymentsService {
     } catch (err) {
       // The partial unique index is the guarantee; the read above only names the payment in the way.
       if (isUniqueViolation(err, 'ux_payments_one_active_per_order')) {
+        this.db.rollbackToSavepoint(PAYMENT_INSERT);
         const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
         throw paymentInProgress(active?.id ?? 'unknown');
       }
