@@ -14,7 +14,7 @@ import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metri
 import { parseIdempotencyKey } from './idempotency-key-header.js';
 import { type Claim, IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
 import { keyInUse, keyMissing, keyReused, keyScopeOf } from './idempotency-problems.js';
-import { type CompletedKey, ReplayCache } from './replay-cache.js';
+import { type CompletedKey, readClocks, ReplayCache } from './replay-cache.js';
 import { writeStoredResponse } from './stored-response.js';
 
 /**
@@ -176,6 +176,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private async execute(scope: KeyScope, next: CallHandler, res: Response, lockWaitMs: number | undefined): Promise<Execution> {
     const waitStarted = performance.now();
     let claim: Claim;
+    // Before the claim is sent: the key's remaining life it reads is counted down from here.
+    const claimSentAt = readClocks();
     try {
       claim = await this.keys.claimKey(scope, lockWaitMs);
     } catch (err) {
@@ -190,7 +192,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       // Committed and completed, so it stays as it is until it expires. Replayed once, likely
       // replayed again (a retry storm): its next replays are answered from memory.
       if (record.response && !record.expired) {
-        this.replays.remember(scope.clientId, scope.key, { fingerprint: record.fingerprint, response: record.response }, record.expiresInMs ?? 0);
+        this.replays.remember(scope.clientId, scope.key, { fingerprint: record.fingerprint, response: record.response }, record.expiresInMs ?? 0, claimSentAt);
       }
       return this.replay(scope, record, waited);
     }

@@ -6,17 +6,25 @@ export interface CompletedKey {
   response: StoredResponse;
 }
 
+/** Both clocks at one moment, in ms: the monotonic one (immune to clock steps) and the wall one (which keeps counting while the host is suspended). */
+export interface ClockReading {
+  monotonic: number;
+  wall: number;
+}
+
+export const readClocks = (): ClockReading => ({ monotonic: performance.now(), wall: Date.now() });
+
 interface Entry extends CompletedKey {
-  /** The clock's time after which the entry is not used: the key may expire and be taken over. */
-  usableUntil: number;
+  /** The entry is used only while both clocks are before these: the key may expire and be taken over after. */
+  until: ClockReading;
   bytes: number;
 }
 
 /**
  * Dropped this long before the key's expiry as the database measured it. The remaining time is read
- * from PostgreSQL and counted down on this process's monotonic clock, so wall clocks that disagree
- * between hosts cannot matter; only the rate of the two clocks could, and a second covers a day of
- * drift many times over.
+ * from PostgreSQL and counted down from before the statement that read it was sent, on both of this
+ * process's clocks (the first to run out ends the entry), so wall clocks that disagree between hosts
+ * cannot matter; only a difference in their rates could, and a second covers a day of drift many times over.
  */
 export const REPLAY_CACHE_EXPIRY_MARGIN_MS = 1_000;
 
@@ -27,7 +35,10 @@ export const REPLAY_CACHE_EXPIRY_MARGIN_MS = 1_000;
  * transaction that made the effect, and no statement touches a completed row again before it expires
  * (take-over and the reaper both require `expires_at <= now()`). So an entry only has to stop being
  * used before the key's expiry, and the database, not this cache, still decides everything else:
- * a miss, an unfinished key, or an expired one goes through the read and the claim as before.
+ * a miss, an unfinished key, or an expired one goes through the claim as before. (What it does assume:
+ * that committed rows stay committed. A failover to a replica that lost recent commits, or a restore,
+ * would make the database forget keys this cache still answers, until they expire: turn it off,
+ * IDEMPOTENCY_REPLAY_CACHE_ENTRIES=0, where that can happen and matters.)
  *
  * Filled on a key's first replay, not when it is created: most keys are never retried, and memory
  * then holds only keys that actually are. Bounded by entries and by body bytes; least recently used
@@ -40,8 +51,8 @@ export class ReplayCache {
   constructor(
     private readonly maxEntries: number,
     private readonly maxBytes: number,
-    /** A monotonic clock in ms (a test passes its own). */
-    private readonly now: () => number = () => performance.now(),
+    /** The clocks (a test passes its own). */
+    private readonly clocks: () => ClockReading = readClocks,
   ) {}
 
   get(clientId: string, key: string): CompletedKey | undefined {
@@ -49,7 +60,8 @@ export class ReplayCache {
     const entry = this.entries.get(slot);
     if (!entry) return undefined;
     this.entries.delete(slot);
-    if (this.now() >= entry.usableUntil) {
+    const now = this.clocks();
+    if (now.monotonic >= entry.until.monotonic || now.wall >= entry.until.wall) {
       this.bytes -= entry.bytes;
       return undefined;
     }
@@ -57,8 +69,11 @@ export class ReplayCache {
     return { fingerprint: entry.fingerprint, response: entry.response };
   }
 
-  /** `expiresInMs`: the key's remaining life as PostgreSQL measured it when the row was read. */
-  remember(clientId: string, key: string, completed: CompletedKey, expiresInMs: number): void {
+  /**
+   * `expiresInMs`: the key's remaining life as PostgreSQL measured it; `sentAt`: the clocks read before the
+   * statement that measured it was sent (so time spent on the way back only makes the entry end earlier).
+   */
+  remember(clientId: string, key: string, completed: CompletedKey, expiresInMs: number, sentAt: ClockReading): void {
     if (this.maxEntries === 0) return;
     const usableFor = expiresInMs - REPLAY_CACHE_EXPIRY_MARGIN_MS;
     const bytes = completed.response.body.length + completed.fingerprint.length + key.length + clientId.length;
@@ -69,7 +84,8 @@ export class ReplayCache {
       this.entries.delete(slot);
       this.bytes -= previous.bytes;
     }
-    this.entries.set(slot, { ...completed, usableUntil: this.now() + usableFor, bytes });
+    const until = { monotonic: sentAt.monotonic + usableFor, wall: sentAt.wall + usableFor };
+    this.entries.set(slot, { ...completed, until, bytes });
     this.bytes += bytes;
     for (const [oldest, entry] of this.entries) {
       if (this.entries.size <= this.maxEntries && this.bytes <= this.maxBytes) break;
