@@ -155,13 +155,14 @@ export class Database {
    * queue empty whatever fails, so it can be rolled back and released.
    */
   private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
-    const stream = (open.client as unknown as { connection: { stream: { cork(): void; uncork(): void } } }).connection.stream;
-    stream.cork();
+    // pg's own socket (not public API: without it the statements still go out in order, one write each).
+    const stream = (open.client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection?.stream;
+    stream?.cork?.();
     let pending: Promise<{ rows: unknown[] }>[];
     try {
       pending = statements.map(({ sql, params }) => open.client.query(namedStatement(sql, params), params));
     } finally {
-      stream.uncork();
+      stream?.uncork?.();
     }
     const settled = await Promise.allSettled(pending);
     const failed = settled.find((r) => r.status === 'rejected');
