@@ -14,6 +14,7 @@ import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtemp, rm, chmod, writeFile } from 'node:fs/promises';
+import { type AddressInfo, createServer } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -49,6 +50,17 @@ interface Row {
 interface CpuTargets {
   servicePid?: number;
   postmaster: number;
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
 }
 
 /** Runs one workload and adds the CPU it cost per request, sampled from /proc before and after. */
@@ -245,7 +257,8 @@ async function main(): Promise<void> {
   await chmod(dir, 0o755);
   console.error('starting PostgreSQL');
   const pgDir = join(dir, 'pg');
-  const server = await startEmbeddedPostgres({ dir: pgDir, port: 54000 + Math.floor(Math.random() * 900), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+  // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
+  const server = await startEmbeddedPostgres({ dir: pgDir, port: await freePort(), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
   let service: ChildProcess | undefined;
   // Ctrl-C or a kill skips `finally`: stop what this run started, then exit.
   let stopping = false;

@@ -67,7 +67,8 @@ export async function startPostgres(tag) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `idempotent-orders-${tag}-`));
   fs.chmodSync(dir, 0o755);
   const dataDir = path.join(dir, 'pg');
-  const port = 54000 + Math.floor(Math.random() * 900);
+  // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
+  const port = await freePort();
   onStop(() => fs.rmSync(dir, { recursive: true, force: true }));
   const server = await startEmbeddedPostgres({ dir: dataDir, port, log: (l) => process.env.BENCH_DEBUG && console.error(l) });
   onStop(() => server.stop());
