@@ -2,7 +2,6 @@ import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
 import { ProblemException, problemType } from '../common/problem.js';
 import { Database } from '../database/database.service.js';
-import { isUniqueViolation } from '../database/pg-errors.js';
 import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
 import type { KeyScope, StoredResponse } from '../idempotency/idempotency-keys.service.js';
 import { problemResponse } from '../idempotency/stored-response.js';
@@ -14,9 +13,8 @@ import { nothingToPay, orderNotPayable, paymentInProgress, paymentNotFound, paym
 import { outboundKeyOf, PAYMENT_CREATED, type PaymentRow, toPaymentView } from './payment-records.js';
 import { PaymentReconciler } from './payment-reconciler.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
-import { chargeOutcome, foundChargeOutcome } from './provider-outcomes.js';
+import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
 
-const PAYMENT_INSERT = 'payment_insert';
 
 /** What an idempotent payment endpoint answers: a stored response, sent as it is. */
 export interface KeyAnswer {
@@ -94,28 +92,18 @@ export class PaymentsService {
     if (!order) return { refusal: orderNotFound(orderId) };
     if (order.status !== 'created') return { refusal: orderNotPayable(orderId, order.status) };
     if (Number(order.total_minor) === 0) return { refusal: nothingToPay(orderId) };
-    // Under the order's lock, so this read cannot race another payer of the same order.
-    const [pending] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status = 'pending'`, [orderId]);
-    if (pending) throw paymentInProgress(pending.id);
-    // A unique violation aborts the transaction; rolled back to here, it can still name the payment in the way.
-    this.db.savepoint(PAYMENT_INSERT);
-    try {
-      const [payment] = await this.db.query<PaymentRow>(
-        `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key)
-         SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id FROM (SELECT gen_random_uuid() AS id) g
-         RETURNING *`,
-        [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
-      );
-      return { payment };
-    } catch (err) {
-      // The partial unique index is the guarantee; the read above only names the payment in the way.
-      if (isUniqueViolation(err, 'ux_payments_one_active_per_order')) {
-        this.db.rollbackToSavepoint(PAYMENT_INSERT);
-        const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
-        throw paymentInProgress(active?.id ?? 'unknown');
-      }
-      throw err;
-    }
+    // The partial unique index decides, under the order's lock: a payment already active (pending, or succeeded
+    // on an order that somehow is still 'created') makes the insert do nothing, and is then named in the 409.
+    const [payment] = await this.db.query<PaymentRow>(
+      `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key)
+       SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id FROM (SELECT gen_random_uuid() AS id) g
+       ON CONFLICT (order_id) WHERE status IN ('pending', 'succeeded') DO NOTHING
+       RETURNING *`,
+      [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
+    );
+    if (payment) return { payment };
+    const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
+    throw paymentInProgress(active?.id ?? 'unknown');
   }
 
   /**
@@ -145,7 +133,7 @@ export class PaymentsService {
       throw paymentPending(payment.id);
     }
     // A payment settled meanwhile (a webhook) is answered from its row by the settlement.
-    const settled = await this.settlement.settlePayment(payment.id, outcome ?? settledOutcome(payment), key.leaseToken);
+    const settled = await this.settlement.settlePayment(payment.id, outcome ?? recordedOutcome(payment.status, payment.provider_transaction_id, payment.failure_code), key.leaseToken);
     if (settled.kind === 'lost') throw paymentPending(payment.id);
     return settled.response;
   }
@@ -175,9 +163,3 @@ export class PaymentsService {
   }
 }
 
-/** The outcome already recorded on a payment that is no longer pending. */
-function settledOutcome(payment: PaymentRow): ProviderOutcome {
-  return payment.status === 'succeeded'
-    ? { status: 'succeeded', providerId: payment.provider_transaction_id! }
-    : { status: 'failed', failureCode: payment.failure_code ?? 'unknown', providerId: payment.provider_transaction_id };
-}

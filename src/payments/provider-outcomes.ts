@@ -43,3 +43,11 @@ export function foundRefundOutcome(refunds: PspRefund[]): ProviderOutcome | unde
   if (!refund) return undefined;
   return refund.status === 'succeeded' ? { status: 'succeeded', providerId: refund.id } : { status: 'failed', failureCode: refund.failureCode ?? 'refund_declined', providerId: refund.id };
 }
+
+/**
+ * The outcome already recorded on a payment or refund that is no longer pending (its provider id:
+ * `provider_transaction_id` or `provider_refund_id`), for settling it again as it is.
+ */
+export function recordedOutcome(status: 'pending' | 'succeeded' | 'failed', providerId: string | null, failureCode: string | null): ProviderOutcome {
+  return status === 'succeeded' ? { status: 'succeeded', providerId: providerId! } : { status: 'failed', failureCode: failureCode ?? 'unknown', providerId };
+}

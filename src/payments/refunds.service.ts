@@ -11,7 +11,7 @@ import type { RefundView } from './dto/refund.view.js';
 import { paymentNotFound, paymentPending, providerUnavailable, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
 import { outboundKeyOf, type PaymentRow, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
-import { foundRefundOutcome, refundOutcome } from './provider-outcomes.js';
+import { foundRefundOutcome, recordedOutcome, refundOutcome } from './provider-outcomes.js';
 import type { KeyAnswer } from './payments.service.js';
 
 type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; refundId: string; resumed: boolean };
@@ -104,7 +104,7 @@ export class RefundsService {
       throw paymentPending(refund.id, 'refund');
     }
     // A refund settled meanwhile (a webhook) is answered from its row by the settlement.
-    const settled = await this.settlement.settleRefund(refund.id, outcome ?? settledRefundOutcome(refund), key.leaseToken);
+    const settled = await this.settlement.settleRefund(refund.id, outcome ?? recordedOutcome(refund.status, refund.provider_refund_id, refund.failure_code), key.leaseToken);
     if (settled.kind === 'lost') throw paymentPending(refund.id, 'refund');
     return settled.response;
   }
@@ -132,9 +132,3 @@ export class RefundsService {
   }
 }
 
-/** The outcome already recorded on a refund that is no longer pending. */
-function settledRefundOutcome(refund: RefundRow): ProviderOutcome {
-  return refund.status === 'succeeded'
-    ? { status: 'succeeded', providerId: refund.provider_refund_id! }
-    : { status: 'failed', failureCode: refund.failure_code ?? 'unknown', providerId: refund.provider_refund_id };
-}
