@@ -14,7 +14,6 @@ import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtemp, rm, chmod, writeFile } from 'node:fs/promises';
-import { type AddressInfo, createServer } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -22,7 +21,7 @@ import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
 import { applyMigrations } from '../src/database/apply-migrations.js';
-import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { freePort, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 import { postgresCpuMs, postmasterPid, processCpuMs } from './proc-cpu.js';
 
@@ -50,17 +49,6 @@ interface Row {
 interface CpuTargets {
   servicePid?: number;
   postmaster: number;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer();
-    probe.once('error', reject);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as AddressInfo;
-      probe.close(() => resolve(port));
-    });
-  });
 }
 
 /** Runs one workload and adds the CPU it cost per request, sampled from /proc before and after. */

@@ -15,13 +15,13 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Webhook } from 'standardwebhooks';
 import { DEV_API_CLIENT, DEV_WEBHOOK_SECRET } from '../src/config/app-config.js';
+import { freePort } from '../src/database/embedded-postgres.js';
 
 /** One request's bound: a slow machine is fine, a hung service is a failed demo rather than a hung one. */
 const REQUEST_TIMEOUT_MS = 60_000;
@@ -336,17 +336,6 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
 }
 
 // ---------- the service ----------
-
-function freePort(): Promise<number> {
-  return new Promise((resolvePort, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolvePort(port));
-    });
-  });
-}
 
 interface Service {
   url: string;

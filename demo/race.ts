@@ -17,13 +17,12 @@
  */
 import { randomUUID } from 'node:crypto';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
 import { applyMigrations } from '../src/database/apply-migrations.js';
-import { type EmbeddedServer, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { type EmbeddedServer, freePort, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 
 const PARALLEL = 50;
@@ -366,17 +365,6 @@ const killedClients = new WeakSet<pg.PoolClient>();
 
 function add(into: Counts, from: Counts): void {
   for (const k of Object.keys(into) as (keyof Counts)[]) into[k] += from[k];
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 function printTable(rows: Row[]): void {

@@ -66,7 +66,7 @@ export function bodyDefect(value: unknown, maxDepth: number): string | undefined
   return undefined;
 }
 
-function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
+export function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
   // A webhook's raw bytes: its consumer reads them once the signature says who sent them.
   if (Buffer.isBuffer(req.body)) return next();
   const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
@@ -74,7 +74,7 @@ function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): voi
 }
 
 /** A body we cannot read as JSON is refused before anything runs (415), rather than silently ignored. */
-function requireJsonBody(req: Request, _res: Response, next: NextFunction): void {
+export function requireJsonBody(req: Request, _res: Response, next: NextFunction): void {
   const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
   if (hasBody && !req.is('application/json') && !req.is('application/*+json')) {
     next(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));

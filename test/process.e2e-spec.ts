@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Client, Pool } from 'pg';
 import request from 'supertest';
-import { freePort } from './support/free-port';
+import { freePort } from '../src/database/embedded-postgres';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase } from './support/test-app';
 

@@ -9,16 +9,14 @@ import 'reflect-metadata';
 import { Module, ValidationPipe } from '@nestjs/common';
 import { APP_FILTER, NestFactory } from '@nestjs/core';
 import type { NestExpressApplication } from '@nestjs/platform-express';
-import type { NextFunction, Request, Response } from 'express';
 import { DataSource } from 'typeorm';
 import { ProblemFilter } from '../common/problem.filter.js';
-import { ProblemException } from '../common/problem.js';
 import { ConfigError, loadConfig } from '../config/app-config.js';
 import { applyMigrations } from '../database/apply-migrations.js';
 import { openDatabaseServer } from '../database/database-server.js';
 import { typeormOptions } from '../database/typeorm-options.js';
 import { stopOnSignals, takeOverSignals } from '../graceful-stop.js';
-import { BODY_LIMIT, bodyDefect, MAX_JSON_DEPTH, validationProblem } from '../http-app.js';
+import { BODY_LIMIT, refuseUnsafeJson, requireJsonBody, validationProblem } from '../http-app.js';
 import { PspSandboxModule } from './psp-sandbox.module.js';
 
 const DEFAULT_PORT = 4000;
@@ -42,21 +40,6 @@ function sandboxConfig() {
     // The sandbox authenticates nobody; loadConfig insists on API_KEYS with DATABASE_URL to protect the service, which is not running here.
     API_KEYS: process.env.API_KEYS || 'psp-sandbox:the-sandbox-takes-no-api-key',
   });
-}
-
-/** As the service does (http-app.ts): a body that is not JSON is a 415, an unsafe JSON one a 400, before anything reads it. */
-function refuseUnreadableBodies(req: Request, _res: Response, next: NextFunction): void {
-  const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
-  if (hasBody && !req.is('application/json') && !req.is('application/*+json')) {
-    next(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
-    return;
-  }
-  next();
-}
-
-function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
-  const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
-  next(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
 }
 
 async function bootstrap(): Promise<void> {
@@ -95,7 +78,7 @@ async function bootstrap(): Promise<void> {
   const app = await NestFactory.create<NestExpressApplication>(PspStandaloneModule, { bodyParser: false, logger: ['error', 'warn'] });
   app.disable('x-powered-by');
   app.set('etag', false);
-  app.use(refuseUnreadableBodies);
+  app.use(requireJsonBody);
   app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
   app.use(refuseUnsafeJson);
   app.useGlobalPipes(new ValidationPipe({ whitelist: true, forbidNonWhitelisted: true, transform: true, forbidUnknownValues: true, exceptionFactory: validationProblem }));

@@ -7,8 +7,7 @@
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startEmbeddedPostgres } from '../../src/database/embedded-postgres';
-import { freePort } from './free-port';
+import { freePort, startEmbeddedPostgres } from '../../src/database/embedded-postgres';
 import type { TestRun } from './test-run';
 
 export default async function globalSetup(): Promise<void> {
