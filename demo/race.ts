@@ -24,6 +24,9 @@ import { DataSource } from 'typeorm';
 import { applyMigrations } from '../src/database/apply-migrations.js';
 import { type EmbeddedServer, freePort, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
+// The service's own statements, not copies: "ours" below is exactly what the service runs.
+import { TRANSITION_ORDER } from '../src/orders/orders.service.js';
+import { RESERVE_REFUND } from '../src/payments/refunds.service.js';
 
 const PARALLEL = 50;
 const ROUNDS = Number(process.env.DEMO_ROUNDS ?? 5);
@@ -98,24 +101,6 @@ const TAKE_OVER_LEASE = `
 const SETTLE_UNDER_LEASE = `
   UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_body = '{}', completed_at = now(), locked_until = NULL, lease_token = NULL
    WHERE id = $1 AND lease_token = $2 AND state = 'in_progress' RETURNING id`;
-
-/** orders.service.ts TRANSITION_ORDER: the WHERE decides, and the history row exists exactly when the status changed. */
-const TRANSITION_ORDER = `
-  WITH locked AS MATERIALIZED (
-    SELECT id, status FROM orders WHERE id = $1 AND client_id = $2 AND status = ANY($4::text[]) FOR UPDATE
-  ), updated AS (
-    UPDATE orders o SET status = $3, version = o.version + 1, updated_at = now()
-      FROM locked
-     WHERE o.id = $1 AND o.client_id = $2 AND o.status = ANY($4::text[]) AND o.id = locked.id
-    RETURNING o.id, o.status, locked.status AS from_status
-  ), event AS (
-    INSERT INTO order_events (order_id, from_status, to_status, created_at)
-    SELECT id, from_status, status, clock_timestamp() FROM updated
-  )
-  SELECT * FROM updated`;
-
-/** refunds.service.ts: the reservation is one conditional UPDATE (and ck_payments_refunded_minor backs it). */
-const RESERVE_REFUND = `UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1 AND refunded_minor + $2 <= amount_minor RETURNING id`;
 
 class Demo {
   constructor(

@@ -135,7 +135,7 @@ interface OrderEventRow {
  * clock_timestamp(), taken under the row lock, orders the history as the moves committed;
  * now() is the transaction's start, which can precede the previous move's.
  */
-const TRANSITION_ORDER = `
+export const TRANSITION_ORDER = `
   WITH locked AS MATERIALIZED (
     SELECT id, status FROM orders WHERE id = $1 AND client_id = $2 AND status = ANY($4::text[]) FOR UPDATE
   ), updated AS (

@@ -23,6 +23,12 @@ type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; refundId: string; resume
  * phase 1 by one conditional UPDATE (`refunded_minor + amount <= amount_minor`), so refunds racing
  * in parallel can never add up to more than was paid; a failed refund gives its reservation back.
  */
+/**
+ * Reserves $2 of payment $1's refundable amount: one conditional UPDATE, so refunds racing on one payment
+ * can never reserve more than it holds (ck_payments_refunded_minor backs it). No row back: it would exceed.
+ */
+export const RESERVE_REFUND = `UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1 AND refunded_minor + $2 <= amount_minor RETURNING id`;
+
 @Injectable()
 export class RefundsService {
   constructor(
@@ -64,7 +70,7 @@ export class RefundsService {
     const [reserved] =
       amount > 0
         ? await this.db.query(
-            `UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1 AND refunded_minor + $2 <= amount_minor RETURNING id`,
+            RESERVE_REFUND,
             [paymentId, amount],
           )
         : [];
