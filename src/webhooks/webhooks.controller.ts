@@ -49,11 +49,6 @@ export class WebhooksController {
       example: { type: 'urn:idempotent-orders:problem:webhook-signature-invalid', title: 'Webhook signature not valid', status: 401, detail: 'No matching signature found: nothing was recorded.' },
     },
     {
-      status: 415,
-      description: 'The body is not sent as application/json.',
-      example: { type: 'urn:idempotent-orders:problem:unsupported-media-type', title: 'Unsupported Media Type', status: 415, detail: 'Send the request body as application/json.' },
-    },
-    {
       status: 503,
       description: 'The event could not be processed (a database error); nothing was recorded, so a redelivery applies it once.',
       headers: { 'Retry-After': { description: 'seconds', schema: { type: 'string' } } },

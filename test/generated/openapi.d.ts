@@ -4040,9 +4040,7 @@ export interface operations {
                 };
             };
             /**
-             * @description The body is not sent as application/json.
-             *
-             *     A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
+             * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
              *
              *     A request body was sent that is not application/json.
              */
@@ -4051,7 +4049,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
             /** @description The event could not be processed (a database error); nothing was recorded, so a redelivery applies it once. */
