@@ -205,14 +205,18 @@ export class AtomicPhases {
     return taken && this.leased(taken);
   }
 
-  /** Ends a phase at a recovery point. In the phase's transaction; false when the lease is no longer this holder's. */
-  async setRecoveryPoint(key: LeasedKey, recoveryPoint: string): Promise<boolean> {
-    const rows = await this.db.query(
-      `UPDATE idempotency_keys SET recovery_point = $3 WHERE id = $1 AND lease_token = $2 AND state = 'in_progress' RETURNING id`,
-      [key.id, key.leaseToken, recoveryPoint],
-    );
+  /**
+   * Ends a phase at a recovery point, in the phase's transaction: sent with its COMMIT (nothing reads the
+   * result). Still fenced by the lease token, though the phase that calls it acquired the key in this very
+   * transaction and holds its row lock.
+   */
+  setRecoveryPoint(key: LeasedKey, recoveryPoint: string): void {
+    this.db.defer(`UPDATE idempotency_keys SET recovery_point = $3 WHERE id = $1 AND lease_token = $2 AND state = 'in_progress'`, [
+      key.id,
+      key.leaseToken,
+      recoveryPoint,
+    ]);
     key.recoveryPoint = recoveryPoint;
-    return rows.length === 1;
   }
 
   /**

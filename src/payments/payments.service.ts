@@ -72,7 +72,7 @@ export class PaymentsService {
         await this.phases.complete(acquired.key.id, response);
         return { answer: { response, replayed: false } };
       }
-      await this.phases.setRecoveryPoint(acquired.key, PAYMENT_CREATED);
+      this.phases.setRecoveryPoint(acquired.key, PAYMENT_CREATED);
       return { key: acquired.key, paymentId: created.payment.id, resumed: false };
     });
   }

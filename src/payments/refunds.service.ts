@@ -51,7 +51,7 @@ export class RefundsService {
         await this.phases.complete(acquired.key.id, response);
         return { answer: { response, replayed: false } };
       }
-      await this.phases.setRecoveryPoint(acquired.key, REFUND_CREATED);
+      this.phases.setRecoveryPoint(acquired.key, REFUND_CREATED);
       return { key: acquired.key, refundId: created.refund.id, resumed: false };
     });
     if ('answer' in phase1) return phase1.answer;
