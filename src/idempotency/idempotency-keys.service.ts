@@ -145,7 +145,7 @@ export class IdempotencyKeysService {
     return { kind: 'contended' };
   }
 
-  async findKey(clientId: string, key: string): Promise<KeyRecord | undefined> {
+  private async findKey(clientId: string, key: string): Promise<KeyRecord | undefined> {
     const [row] = await this.db.query<KeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2`, [clientId, key]);
     return row && toRecord(row);
   }

@@ -15,10 +15,6 @@ export interface PspClientModuleAsyncOptions {
  */
 @Module({})
 export class PspClientModule {
-  static forRoot(options: PspClientOptions): DynamicModule {
-    return PspClientModule.forRootAsync({ useFactory: () => options });
-  }
-
   static forRootAsync(options: PspClientModuleAsyncOptions): DynamicModule {
     return {
       module: PspClientModule,

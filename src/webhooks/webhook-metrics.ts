@@ -2,9 +2,6 @@ import { Injectable, Logger } from '@nestjs/common';
 import { Counter, Gauge, Registry } from 'prom-client';
 import { Database } from '../database/database.service.js';
 
-export type WebhookOutcome = 'received' | 'rejected' | 'duplicate' | 'applied' | 'no_effect' | 'failed';
-export type LateRefundOutcome = 'requested' | 'succeeded' | 'declined' | 'refused' | 'unknown';
-
 /**
  * Oldest pending payment, refund and late-charge refund, in one statement. Each reads min(created_at)
  * from a partial index holding only the pending rows (migration 1764414700000): one probe per kind.

@@ -1,8 +1,5 @@
 import type { IncomingMessage } from 'node:http';
 
-/** Where the provider delivers its events. */
-export const WEBHOOK_PATH = '/webhooks/psp';
-
 /** Express routes case-insensitively and ignores a trailing slash; so does this. */
 const WEBHOOK_ROUTE = /^\/webhooks\/psp\/?(?:\?|$)/i;
 
