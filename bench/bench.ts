@@ -21,7 +21,8 @@ import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
 import { applyMigrations } from '../src/database/apply-migrations.js';
-import { freePort, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { freePort } from '../src/common/free-port.js';
+import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 import { postgresCpuMs, postmasterPid, processCpuMs } from './proc-cpu.js';
 

@@ -21,7 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Webhook } from 'standardwebhooks';
 import { DEV_API_CLIENT, DEV_WEBHOOK_SECRET } from '../src/config/app-config.js';
-import { freePort } from '../src/database/embedded-postgres.js';
+import { freePort } from '../src/common/free-port.js';
 
 /** One request's bound: a slow machine is fine, a hung service is a failed demo rather than a hung one. */
 const REQUEST_TIMEOUT_MS = 60_000;

@@ -22,7 +22,8 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
 import { applyMigrations } from '../src/database/apply-migrations.js';
-import { type EmbeddedServer, freePort, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { freePort } from '../src/common/free-port.js';
+import { type EmbeddedServer, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 // The service's own statements, not copies: "ours" below is exactly what the service runs.
 import { TRANSITION_ORDER } from '../src/orders/orders.service.js';

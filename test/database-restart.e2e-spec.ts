@@ -14,7 +14,7 @@ import { promisify } from 'node:util';
 import { Pool } from 'pg';
 import request from 'supertest';
 import { type EmbeddedServer, startEmbeddedPostgres } from '../src/database/embedded-postgres';
-import { freePort } from '../src/database/embedded-postgres';
+import { freePort } from '../src/common/free-port';
 import { type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, ignoreIdleErrors } from './support/test-app';
 

@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'pg';
 import request from 'supertest';
 import { ALICE, bearer, createTestDatabase, startTestApp, type TestApp } from './support/test-app';
-import { freePort } from '../src/database/embedded-postgres';
+import { freePort } from '../src/common/free-port';
 
 /** Deliveries retry with backoff; on a loaded machine give them time. */
 const DEADLINE_MS = 40_000;

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Client, Pool } from 'pg';
 import request from 'supertest';
-import { freePort } from '../src/database/embedded-postgres';
+import { freePort } from '../src/common/free-port';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase } from './support/test-app';
 

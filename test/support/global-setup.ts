@@ -7,7 +7,8 @@
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { freePort, startEmbeddedPostgres } from '../../src/database/embedded-postgres';
+import { freePort } from '../../src/common/free-port';
+import { startEmbeddedPostgres } from '../../src/database/embedded-postgres';
 import type { TestRun } from './test-run';
 
 export default async function globalSetup(): Promise<void> {
