@@ -17,7 +17,14 @@ export default {
   extensionsToTreatAsEsm: ['.ts'],
   // Sources import './x.js' (Node ESM); Jest resolves the .ts file.
   moduleNameMapper: { '^(\\.{1,2}/.*)\\.js$': '$1' },
-  transform: { '^.+\\.ts$': swc },
+  transform: {
+    '^.+\\.ts$': swc,
+    // @fastify/static (Swagger UI's assets on Fastify) require()s content-disposition 3, which is ESM-only. Node 20
+    // loads that natively (require(esm)); Jest's own module loader does not before Node 24.9, so that one file is
+    // compiled to CommonJS for the tests.
+    '/node_modules/content-disposition/.+\\.js$': ['@swc/jest', { module: { type: 'commonjs' } }],
+  },
+  transformIgnorePatterns: ['/node_modules/(?!(?:@fastify/static/node_modules/)?content-disposition/)'],
   testMatch: ['<rootDir>/src/**/*.spec.ts', '<rootDir>/test/**/*.e2e-spec.ts'],
   // bench/peer is its own package (Nest 10, its own node_modules): never part of this suite.
   modulePathIgnorePatterns: ['<rootDir>/bench/peer/'],

@@ -4,7 +4,7 @@ import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { LoggerModule } from 'nestjs-pino';
 import { randomUUID } from 'node:crypto';
-import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { IncomingMessage, Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ApiKeyGuard } from './common/api-key.guard.js';
 import { ProblemFilter } from './common/problem.filter.js';
@@ -25,20 +25,17 @@ import { WebhooksModule } from './webhooks/webhooks.module.js';
 /** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
-type WithId = IncomingMessage & { id?: string };
-
-/** Express middleware, registered first: every response carries X-Request-Id, and logs share it. */
-export function assignRequestId(req: WithId, res: ServerResponse, next: () => void): void {
-  requestId(req, res);
-  next();
-}
-
-function requestId(req: WithId, res: ServerResponse): string {
-  if (req.id) return req.id;
+/**
+ * X-Request-Id: the caller's when it is a sane token, else a new UUID. Fastify's genReqId (http-app.ts sends it
+ * back on every response) and pino-http's both call this; the id is kept on the raw request, so they agree.
+ */
+export function requestIdOf(req: IncomingMessage): string {
+  const withId = req as IncomingMessage & { id?: unknown };
+  if (typeof withId.id === 'string') return withId.id;
   const given = req.headers['x-request-id'];
-  req.id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
-  res.setHeader('X-Request-Id', req.id);
-  return req.id;
+  const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+  withId.id = id;
+  return id;
 }
 
 /** Whether request lines (pino-http logs them at info) are written at this level. */
@@ -61,11 +58,11 @@ export class AppModule {
           // pino-http writes one line per request, at info. Above info it would write none, yet still build
           // a child logger and run the rest of every request in an async context of its own (measured: 16 %
           // of a create's CPU). So it is only installed when its lines are written; errors name their request
-          // id themselves (ProblemFilter), and every response carries X-Request-Id (assignRequestId).
+          // id themselves (ProblemFilter), and every response carries X-Request-Id (http-app.ts).
           ...(logsRequests(config.logLevel) ? {} : { forRoutes: [] }),
           pinoHttp: {
             level: config.logLevel,
-            genReqId: requestId,
+            genReqId: requestIdOf,
             // Health probes and scrapes would drown the log.
             autoLogging: { ignore: (req) => req.url === '/health' || req.url === '/metrics' },
             // pino-http serialises the request into a child logger on EVERY request, logged or not:

@@ -1,23 +1,24 @@
-import { type INestApplication, ValidationPipe } from '@nestjs/common';
+import { BadRequestException, type INestApplication, ValidationPipe } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import type { NestExpressApplication } from '@nestjs/platform-express';
+import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import type { ValidationError } from 'class-validator';
-import type { NextFunction, Request, Response } from 'express';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { Logger } from 'nestjs-pino';
+import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
-import { AppModule, type AppOptions, assignRequestId } from './app.module.js';
+import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
 import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
 import { ProblemException } from './common/problem.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from './psp-sandbox/psp-sandbox.controller.js';
-import { isWebhookDelivery } from './webhooks/webhook-raw-body.js';
+import { keepsRawBody } from './webhooks/webhook-raw-body.js';
 
 /**
  * The largest body we parse. A create has at most 100 short lines (~15 KiB of JSON); 64 KiB leaves
  * room and bounds what one request can make us parse.
  */
-export const BODY_LIMIT = '64kb';
+export const BODY_LIMIT_BYTES = 64 * 1024;
 
 function flattenErrors(errors: ValidationError[], prefix = ''): { field: string; messages: string[] }[] {
   return errors.flatMap((e) => {
@@ -66,21 +67,41 @@ export function bodyDefect(value: unknown, maxDepth: number): string | undefined
   return undefined;
 }
 
-export function refuseUnsafeJson(req: Request, _res: Response, next: NextFunction): void {
-  // A webhook's raw bytes: its consumer reads them once the signature says who sent them.
-  if (Buffer.isBuffer(req.body)) return next();
-  const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
-  next(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
-}
+/** application/json or application/*+json, parameters allowed: the media types we read as JSON. */
+const JSON_MEDIA_TYPE = /^\s*application\/(?:[^;\s/]+\+)?json\s*(?:;|$)/i;
 
-/** A body we cannot read as JSON is refused before anything runs (415), rather than silently ignored. */
-export function requireJsonBody(req: Request, _res: Response, next: NextFunction): void {
-  const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
-  if (hasBody && !req.is('application/json') && !req.is('application/*+json')) {
-    next(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
-    return;
-  }
-  next();
+/**
+ * How every JSON body is read, here and in the sandbox provider's own process:
+ * - a body that is not JSON is refused before anything runs (415), rather than silently ignored;
+ * - at most 64 KiB, parsed once; an empty body is {};
+ * - the webhook route keeps the exact bytes sent (a Buffer in req.body): its signature is over them;
+ * - a parsed body too deep, or with text PostgreSQL cannot store, is a 400 before anything reads it.
+ */
+export function acceptJsonBodies(fastify: FastifyInstance): void {
+  fastify.addHook('onRequest', (req, _reply, done) => {
+    const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
+    if (hasBody && !JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) {
+      return done(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
+    }
+    done();
+  });
+  fastify.removeAllContentTypeParsers();
+  fastify.addContentTypeParser(JSON_MEDIA_TYPE, { parseAs: 'buffer', bodyLimit: BODY_LIMIT_BYTES }, (req, body: Buffer, done) => {
+    if (keepsRawBody(req)) return done(null, body);
+    if (body.length === 0) return done(null, {});
+    try {
+      // A "__proto__" or "constructor.prototype" key is refused, so no later copy of the body can reach a prototype.
+      done(null, secureJson.parse(body, undefined, { protoAction: 'error', constructorAction: 'error' }));
+    } catch (err) {
+      done(new BadRequestException((err as Error).message));
+    }
+  });
+  fastify.addHook('preValidation', (req, _reply, done) => {
+    // A webhook's raw bytes: its consumer reads them once the signature says who sent them.
+    if (req.body === undefined || Buffer.isBuffer(req.body)) return done();
+    const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
+    done(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
+  });
 }
 
 /** The name of the API-key security scheme (@ApiBearerAuth() refers to it by this default name). */
@@ -143,33 +164,37 @@ export function buildOpenApiDocument(app: INestApplication) {
 }
 
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */
-export async function createHttpApp(options: AppOptions): Promise<NestExpressApplication> {
-  const app = await NestFactory.create<NestExpressApplication>(AppModule.forRoot(options), {
+export async function createHttpApp(options: AppOptions): Promise<NestFastifyApplication> {
+  const adapter = new FastifyAdapter({
+    bodyLimit: BODY_LIMIT_BYTES,
+    // Node's own default, which Fastify turns off: a client sending its request slowly holds a socket for 5 minutes at most.
+    requestTimeout: 300_000,
+    // URLs as people type them: /Orders/ is /orders.
+    routerOptions: { caseSensitive: false, ignoreTrailingSlash: true },
+    // X-Request-Id: the caller's when it is a sane token, else a new UUID (pino-http logs the same one).
+    genReqId: requestIdOf,
+  });
+  const app = await NestFactory.create<NestFastifyApplication>(AppModule.forRoot(options), adapter, {
     bufferLogs: true,
     bodyParser: false,
   });
   app.useLogger(app.get(Logger));
-  app.disable('x-powered-by');
-  app.set('etag', false);
-  // First of all, so that even a request refused by the body parser carries its id.
-  app.use(assignRequestId);
+  const fastify = app.getHttpAdapter().getInstance();
   const duration = httpDurationHistogram(app.get(Registry));
-  app.use((req: Request, res: Response, next: NextFunction) => {
-    const end = duration.startTimer();
-    res.once('finish', () => {
-      // The route pattern, not the URL: one series per endpoint, however many ids there are.
-      const pattern = (req.route as { path?: string } | undefined)?.path;
-      const route = pattern ? `${req.baseUrl}${pattern}` : 'unmatched';
-      end({ method: req.method, route, status: String(res.statusCode) });
-    });
-    next();
+  const timers = new WeakMap<FastifyRequest, ReturnType<typeof duration.startTimer>>();
+  // First of all, so that even a request refused by the body parser carries its id.
+  fastify.addHook('onRequest', (req, reply, done) => {
+    reply.header('X-Request-Id', req.id);
+    timers.set(req, duration.startTimer());
+    done();
   });
-  app.use(requireJsonBody);
-  // The webhook route keeps the exact bytes sent (a Buffer in req.body): its signature is over them.
-  // Registered before the JSON parser, which then skips that request; other routes only pay the URL test.
-  app.useBodyParser('raw', { limit: BODY_LIMIT, type: isWebhookDelivery });
-  app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
-  app.use(refuseUnsafeJson);
+  fastify.addHook('onResponse', (req, reply, done) => {
+    // The route pattern, not the URL: one series per endpoint, however many ids there are.
+    const route = req.routeOptions.url ?? 'unmatched';
+    timers.get(req)?.({ method: req.method, route, status: String(reply.statusCode) });
+    done();
+  });
+  acceptJsonBodies(fastify);
   app.useGlobalPipes(
     new ValidationPipe({
       whitelist: true,

@@ -80,6 +80,15 @@ describe('HTTP contract', () => {
       expectProblem(res, 400);
     });
 
+    it('a body with a __proto__ or constructor.prototype key is a 400 problem, and the prototype is untouched', async () => {
+      for (const body of ['{"__proto__": {"polluted": true}, "currency": "EUR", "items": []}', '{"constructor": {"prototype": {"polluted": true}}}']) {
+        const res = await refused(() => post(body));
+        expectProblem(res, 400);
+        expect(res.body.detail).toMatch(/forbidden prototype property/);
+      }
+      expect(({} as { polluted?: boolean }).polluted).toBeUndefined();
+    });
+
     it('a body over the 64 KiB limit is a 413 problem', async () => {
       const body = JSON.stringify(order({ note: 'x'.repeat(BODY_LIMIT_BYTES) }));
       expect(Buffer.byteLength(body)).toBeGreaterThan(BODY_LIMIT_BYTES);

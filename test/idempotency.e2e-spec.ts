@@ -1,7 +1,8 @@
 import { jest } from '@jest/globals';
 import { Body, Controller, HttpCode, type INestApplication, Logger, Module, Post, Res } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import type { Response } from 'express';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
+import type { FastifyReply as Response } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import { Client, Pool } from 'pg';
 import request from 'supertest';
@@ -555,7 +556,8 @@ class ProbeController {
   @Idempotent()
   setCookie(@Res({ passthrough: true }) res: Response): { session: string } {
     const session = randomUUID();
-    res.cookie('session', session, { httpOnly: true }).location(`/probe/${session}`);
+    // A cookie as any framework writes it (no @fastify/cookie needed).
+    res.header('Set-Cookie', `session=${session}; Path=/; HttpOnly`).header('Location', `/probe/${session}`);
     return { session };
   }
 
@@ -586,7 +588,7 @@ describe('Idempotency-Key: replayed headers and the bound on waiting (test-only 
   beforeAll(async () => {
     database = await createTestDatabase();
     db = new Pool({ connectionString: database.url, max: 2 });
-    app = await NestFactory.create(ProbeAppModule.forRoot(database.url), { logger: false });
+    app = await NestFactory.create(ProbeAppModule.forRoot(database.url), new FastifyAdapter(), { logger: false });
     await app.listen(0, '127.0.0.1');
     url = `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}`;
   });

@@ -1,7 +1,7 @@
 import { type CanActivate, type ExecutionContext, Inject, Injectable, SetMetadata } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import { createHash, timingSafeEqual } from 'node:crypto';
-import type { Request } from 'express';
+import type { FastifyRequest as Request } from 'fastify';
 import { APP_CONFIG } from '../config/config.module.js';
 import type { AppConfig } from '../config/app-config.js';
 import { ProblemException } from './problem.js';
@@ -10,8 +10,8 @@ const PUBLIC_ROUTE = 'publicRoute';
 /** Marks a route that needs no API key (health, metrics, webhooks that carry their own signature). */
 export const Public = () => SetMetadata(PUBLIC_ROUTE, true);
 
-declare module 'express' {
-  interface Request {
+declare module 'fastify' {
+  interface FastifyRequest {
     /** The authenticated API client; everything it owns is scoped by this id. */
     clientId?: string;
   }

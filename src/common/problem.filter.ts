@@ -1,5 +1,5 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
-import type { Request, Response } from 'express';
+import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
 import { PoolExhaustedError } from '../database/database.service.js';
 import { isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
@@ -44,6 +44,12 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
       headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
     };
   }
+  // Fastify's own refusals of client input (a body over the limit, a malformed header): their status and words.
+  const fastifyError = exception as { code?: unknown; statusCode?: unknown; message?: unknown };
+  if (typeof fastifyError?.code === 'string' && fastifyError.code.startsWith('FST_') && typeof fastifyError.statusCode === 'number') {
+    const status = fastifyError.statusCode;
+    if (status >= 400 && status < 500) return { problem: plainProblem(status, typeof fastifyError.message === 'string' ? fastifyError.message : undefined), headers: {} };
+  }
   return { problem: plainProblem(500, 'An unexpected error occurred. It was logged with the request id given in X-Request-Id.'), headers: {} };
 }
 
@@ -60,11 +66,11 @@ export class ProblemFilter implements ExceptionFilter {
     if (problem.status >= 500) {
       this.logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
     }
-    if (res.headersSent) return;
+    if (res.sent || res.raw.headersSent) return;
     // A handler may have set these for a write that then rolled back (the idempotency layer records
     // and commits after the handler returns): an error carries only the problem's own headers.
     res.removeHeader('Location');
     res.removeHeader('ETag');
-    res.status(problem.status).set(headers).type(PROBLEM_CONTENT_TYPE).send(JSON.stringify(problem));
+    res.status(problem.status).headers(headers).type(`${PROBLEM_CONTENT_TYPE}; charset=utf-8`).send(JSON.stringify(problem));
   }
 }

@@ -1,5 +1,5 @@
 import { Inject, Injectable, Logger } from '@nestjs/common';
-import type { Request } from 'express';
+import type { FastifyRequest as Request } from 'fastify';
 import { ProblemException } from '../common/problem.js';
 import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';

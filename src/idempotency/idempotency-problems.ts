@@ -1,4 +1,4 @@
-import type { Request } from 'express';
+import type { FastifyRequest as Request } from 'fastify';
 import { ProblemException } from '../common/problem.js';
 import type { KeyScope } from './idempotency-keys.service.js';
 import { fingerprintRequest, normalisePath } from './request-fingerprint.js';

@@ -1,6 +1,6 @@
 import { type CallHandler, type ExecutionContext, HttpException, Inject, Injectable, type NestInterceptor } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
-import type { Request, Response } from 'express';
+import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
 import { performance } from 'node:perf_hooks';
 import { from, lastValueFrom, type Observable, of } from 'rxjs';
 import { ProblemException, PROBLEM_CONTENT_TYPE } from '../common/problem.js';
@@ -202,7 +202,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     try {
       const value: unknown = await lastValueFrom(next.handle(), { defaultValue: undefined });
       const body = value === undefined ? '' : JSON.stringify(value);
-      if (body) res.setHeader('Content-Type', JSON_CONTENT_TYPE);
+      if (body) res.header('Content-Type', JSON_CONTENT_TYPE);
       const response: StoredResponse = { status: res.statusCode, headers: pickHeaders(res.getHeaders()), body };
       this.keys.recordResponse(claim.id, response);
       return { kind: 'respond', response, replayed: false, outcome: 'executed' };

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { canonicalJson } from '../common/canonical-json.js';
 
-/** Paths name one endpoint however they are spelled: Express routes ignore case and a trailing slash. */
+/** Paths name one endpoint however they are spelled: routes ignore case and a trailing slash (http-app.ts). */
 export function normalisePath(path: string): string {
   const lower = path.toLowerCase();
   return lower.length > 1 && lower.endsWith('/') ? lower.slice(0, -1) : lower;

@@ -1,4 +1,4 @@
-import type { Response } from 'express';
+import type { FastifyReply } from 'fastify';
 import { PROBLEM_CONTENT_TYPE, type ProblemException } from '../common/problem.js';
 import type { StoredResponse } from './idempotency-keys.service.js';
 
@@ -19,10 +19,10 @@ export function problemResponse(problem: ProblemException): StoredResponse {
 }
 
 /** Sends a stored answer; the caller returns `response.body` from the handler so Nest writes exactly those bytes. */
-export function writeStoredResponse(res: Response, response: StoredResponse, replayed: boolean): string {
+export function writeStoredResponse(res: FastifyReply, response: StoredResponse, replayed: boolean): string {
   res.status(response.status);
-  for (const [name, value] of Object.entries(response.headers)) res.setHeader(name, value);
-  if (replayed) res.setHeader('Idempotent-Replayed', 'true');
+  for (const [name, value] of Object.entries(response.headers)) res.header(name, value);
+  if (replayed) res.header('Idempotent-Replayed', 'true');
   return response.body;
 }
 

@@ -17,7 +17,7 @@ import {
   UseGuards,
 } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
-import type { Request, Response } from 'express';
+import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
 import {
   ApiProblems,
   ORDER_ID_MEMBER,
@@ -182,7 +182,7 @@ export class OrdersController {
       submitToken === undefined
         ? await this.orders.createOrder(clientId, dto)
         : await this.submitTokens.consumeSubmitToken(clientId, submitToken, () => this.orders.createOrder(clientId, dto));
-    res.status(created ? HttpStatus.CREATED : HttpStatus.OK).location(`/orders/${order.id}`).setHeader('ETag', versionEtag(order.version));
+    res.status(created ? HttpStatus.CREATED : HttpStatus.OK).header('Location', `/orders/${order.id}`).header('ETag', versionEtag(order.version));
     return order;
   }
 
@@ -212,7 +212,7 @@ export class OrdersController {
   @ApiProblems(ORDER_NOT_FOUND)
   async getOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     const order = await this.orders.findOrder(clientId, id);
-    res.setHeader('ETag', versionEtag(order.version));
+    res.header('ETag', versionEtag(order.version));
     return order;
   }
 
@@ -240,7 +240,7 @@ export class OrdersController {
 
   private async transitionOrder(clientId: string, id: string, target: ClientTransition, res: Response): Promise<OrderView> {
     const { order } = await this.orders.transitionOrder(clientId, id, target);
-    res.setHeader('ETag', versionEtag(order.version));
+    res.header('ETag', versionEtag(order.version));
     return order;
   }
 
@@ -312,7 +312,7 @@ export class OrdersController {
     @Res({ passthrough: true }) res: Response,
   ): Promise<OrderView> {
     const order = await this.orders.updateOrderDetails(clientId, id, parseIfMatch(ifMatch), dto);
-    res.setHeader('ETag', versionEtag(order.version));
+    res.header('ETag', versionEtag(order.version));
     return order;
   }
 }

@@ -1,6 +1,6 @@
 import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req, Res } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
-import type { Request, Response } from 'express';
+import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
 import { ApiProblems, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '../common/api-problem-responses.js';
 import {
   ApiPhasedIdempotencyKey,

@@ -8,7 +8,7 @@
 import 'reflect-metadata';
 import { Module, ValidationPipe } from '@nestjs/common';
 import { APP_FILTER, NestFactory } from '@nestjs/core';
-import type { NestExpressApplication } from '@nestjs/platform-express';
+import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DataSource } from 'typeorm';
 import { ProblemFilter } from '../common/problem.filter.js';
 import { ConfigError, loadConfig } from '../config/app-config.js';
@@ -16,7 +16,7 @@ import { applyMigrations } from '../database/apply-migrations.js';
 import { openDatabaseServer } from '../database/database-server.js';
 import { typeormOptions } from '../database/typeorm-options.js';
 import { stopOnSignals, takeOverSignals } from '../graceful-stop.js';
-import { BODY_LIMIT, refuseUnsafeJson, requireJsonBody, validationProblem } from '../http-app.js';
+import { acceptJsonBodies, BODY_LIMIT_BYTES, validationProblem } from '../http-app.js';
 import { PspSandboxModule } from './psp-sandbox.module.js';
 
 const DEFAULT_PORT = 4000;
@@ -75,14 +75,13 @@ async function bootstrap(): Promise<void> {
   })
   class PspStandaloneModule {}
 
-  const app = await NestFactory.create<NestExpressApplication>(PspStandaloneModule, { bodyParser: false, logger: ['error', 'warn'] });
-  app.disable('x-powered-by');
-  app.set('etag', false);
-  app.use(requireJsonBody);
-  app.useBodyParser('json', { limit: BODY_LIMIT, type: ['application/json', 'application/*+json'] });
-  app.use(refuseUnsafeJson);
+  const app = await NestFactory.create<NestFastifyApplication>(PspStandaloneModule, new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES }), {
+    bodyParser: false,
+    logger: ['error', 'warn'],
+  });
+  acceptJsonBodies(app.getHttpAdapter().getInstance());
   app.useGlobalPipes(new ValidationPipe({ whitelist: true, forbidNonWhitelisted: true, transform: true, forbidUnknownValues: true, exceptionFactory: validationProblem }));
-  await app.listen(port);
+  await app.listen(port, '0.0.0.0');
   const { port: bound } = app.getHttpServer().address() as { port: number };
   console.log(
     [

@@ -1,6 +1,6 @@
 import { Body, Controller, Get, Headers, HttpCode, Post, Query, Res } from '@nestjs/common';
 import { ApiCreatedResponse, ApiExtraModels, ApiHeader, ApiOkResponse, ApiOperation, ApiResponse, ApiTags, getSchemaPath } from '@nestjs/swagger';
-import type { Response } from 'express';
+import type { FastifyReply as Response } from 'fastify';
 import { Public } from '../common/api-key.guard.js';
 import { ApiProblems } from '../common/api-problem-responses.js';
 import { parseIdempotencyKey } from '../idempotency/idempotency-key-header.js';
@@ -41,8 +41,8 @@ function idempotencyKey(raw: string | string[] | undefined): string {
 /** Aborts when the client hangs up before its answer was sent: a held-back answer then ends at once. */
 function clientGone(res: Response): AbortSignal {
   const gone = new AbortController();
-  res.once('close', () => {
-    if (!res.writableFinished) gone.abort();
+  res.raw.once('close', () => {
+    if (!res.raw.writableFinished) gone.abort();
   });
   return gone.signal;
 }
@@ -185,10 +185,10 @@ export class PspSandboxController {
    */
   private async send(answer: ProviderAnswer, res: Response, gone: AbortSignal): Promise<void> {
     if (!(await this.delays.wait(answer.delayMs, gone))) {
-      res.destroy();
+      res.raw.destroy();
       return;
     }
-    if (answer.replayed) res.setHeader('Idempotent-Replayed', 'true');
+    if (answer.replayed) res.header('Idempotent-Replayed', 'true');
     res.status(answer.status).type('application/json').send(answer.body);
   }
 }

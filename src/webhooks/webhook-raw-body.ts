@@ -1,10 +1,12 @@
-import type { IncomingMessage } from 'node:http';
-
-/** Express routes case-insensitively and ignores a trailing slash; so does this. */
-const WEBHOOK_ROUTE = /^\/webhooks\/psp\/?(?:\?|$)/i;
+import { RouteConfig } from '@nestjs/platform-fastify';
+import type { FastifyRequest } from 'fastify';
 
 /**
- * The body parser's `type` test for the one route whose body must stay the exact bytes sent: the
- * signature is over them, and re-serialised JSON would not match. Every other route is untouched.
+ * Marks the one route whose body must stay the exact bytes sent (a Buffer in req.body): a signature is
+ * over them, and re-serialised JSON would not match. http-app's JSON parser reads this; every other
+ * route gets parsed JSON.
  */
-export const isWebhookDelivery = (req: IncomingMessage): boolean => WEBHOOK_ROUTE.test(req.url ?? '');
+export const KeepRawBody = () => RouteConfig({ keepRawBody: true });
+
+export const keepsRawBody = (req: FastifyRequest): boolean =>
+  (req.routeOptions.config as { keepRawBody?: unknown } | undefined)?.keepRawBody === true;

@@ -1,9 +1,10 @@
 import { Controller, HttpCode, HttpStatus, Post, Req } from '@nestjs/common';
 import { ApiBody, ApiConsumes, ApiHeader, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
-import type { Request } from 'express';
+import type { FastifyRequest } from 'fastify';
 import { Public } from '../common/api-key.guard.js';
 import { ApiProblems } from '../common/api-problem-responses.js';
 import { PspWebhookEvent, WebhookReceiptView } from './dto/psp-webhook-event.doc.js';
+import { KeepRawBody } from './webhook-raw-body.js';
 import { WebhooksService } from './webhooks.service.js';
 
 @ApiTags('webhooks')
@@ -14,6 +15,7 @@ export class WebhooksController {
   constructor(private readonly webhooks: WebhooksService) {}
 
   @Post('psp')
+  @KeepRawBody()
   @HttpCode(HttpStatus.OK)
   @ApiOperation({
     summary: "Receive the payment provider's events",
@@ -56,8 +58,8 @@ export class WebhooksController {
       members: { webhookId: { type: 'string', description: 'The webhook-id of the event that was not processed.' } },
     },
   )
-  receive(@Req() req: Request): Promise<WebhookReceiptView> {
-    // The exact bytes (http-app keeps them for this route); no body at all is an empty one.
+  receive(@Req() req: FastifyRequest): Promise<WebhookReceiptView> {
+    // The exact bytes (@KeepRawBody); no body at all is an empty one.
     const raw = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
     return this.webhooks.receive(raw, req.headers);
   }

@@ -1,4 +1,4 @@
-import type { NestExpressApplication } from '@nestjs/platform-express';
+import type { NestFastifyApplication } from '@nestjs/platform-fastify';
 import { Client, Pool } from 'pg';
 import { type AppConfig, loadConfig } from '../../src/config/app-config';
 import { typeormOptions } from '../../src/database/typeorm-options';
@@ -95,7 +95,7 @@ export function testConfig(url: string, env: Record<string, string> = {}): AppCo
 }
 
 export interface TestApp {
-  app: NestExpressApplication;
+  app: NestFastifyApplication;
   /** http://127.0.0.1:<port>: the app listens, so parallel requests really are parallel. */
   url: string;
   /** A pool on the same database, for checking what was written. */
@@ -117,7 +117,7 @@ export async function startTestApp(env: Record<string, string> = {}, options: Te
   const database = options.databaseUrl ? { url: options.databaseUrl, drop: () => Promise.resolve() } : await createTestDatabase();
   // pool.end() resolves before the server has closed its connections: the DROP below can still terminate them.
   const db = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 4 }));
-  let app: NestExpressApplication | undefined;
+  let app: NestFastifyApplication | undefined;
   const close = async () => {
     await app?.close();
     await db.end();
