@@ -245,7 +245,9 @@ export class PspClient {
         attempts += 1;
         last = await this.attempt(request, attempts, signal);
         return last;
-      });
+        // A signal of this call's own: without one, cockatiel hangs every call's timeout listener on one shared,
+        // never-aborted signal, and more than 10 calls in flight print a (false) "possible memory leak" warning.
+      }, new AbortController().signal);
       return { kind: 'answered', result, attempts, last, stopReason };
     } catch (error) {
       if (isBrokenCircuitError(error)) {
