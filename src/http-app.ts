@@ -1,15 +1,16 @@
-import { BadRequestException, type INestApplication, ValidationPipe } from '@nestjs/common';
+import { BadRequestException, type INestApplication, Logger as NestLogger, UnsupportedMediaTypeException, ValidationPipe } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import type { ValidationError } from 'class-validator';
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyRequest, FastifyServerOptions } from 'fastify';
 import { Logger } from 'nestjs-pino';
 import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
 import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
 import { ProblemException } from './common/problem.js';
+import { sendProblem } from './common/problem.filter.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from './psp-sandbox/psp-sandbox.controller.js';
 import { keepsRawBody } from './webhooks/webhook-raw-body.js';
@@ -69,6 +70,7 @@ export function bodyDefect(value: unknown, maxDepth: number): string | undefined
 
 /** application/json or application/*+json, parameters allowed: the media types we read as JSON. */
 const JSON_MEDIA_TYPE = /^\s*application\/(?:[^;\s/]+\+)?json\s*(?:;|$)/i;
+const CHARSET_PARAMETER = /;\s*charset\s*=\s*"?([^";\s]*)"?/i;
 
 /**
  * How every JSON body is read, here and in the sandbox provider's own process:
@@ -80,12 +82,20 @@ const JSON_MEDIA_TYPE = /^\s*application\/(?:[^;\s/]+\+)?json\s*(?:;|$)/i;
 export function acceptJsonBodies(fastify: FastifyInstance): void {
   fastify.addHook('onRequest', (req, _reply, done) => {
     const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
-    if (hasBody && !JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) {
+    if (!hasBody) return done();
+    const contentType = req.headers['content-type'] ?? '';
+    if (!JSON_MEDIA_TYPE.test(contentType)) {
       return done(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
     }
+    // The parser reads UTF-8 only: text in another charset would be stored garbled, not refused.
+    const charset = CHARSET_PARAMETER.exec(contentType)?.[1];
+    if (charset !== undefined && !/^utf-?8$/i.test(charset)) return done(new UnsupportedMediaTypeException(`unsupported charset "${charset.toUpperCase()}"`));
     done();
   });
   fastify.removeAllContentTypeParsers();
+  // No body under another media type (curl -d '' sends a form type): nothing to parse, as if none were named.
+  // A body under one never gets here: the hook above refused it.
+  fastify.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: BODY_LIMIT_BYTES }, (_req, _body, done) => done(null, undefined));
   fastify.addContentTypeParser(JSON_MEDIA_TYPE, { parseAs: 'buffer', bodyLimit: BODY_LIMIT_BYTES }, (req, body: Buffer, done) => {
     if (keepsRawBody(req)) return done(null, body);
     if (body.length === 0) return done(null, {});
@@ -163,9 +173,10 @@ export function buildOpenApiDocument(app: INestApplication) {
   return document;
 }
 
-/** Everything main.ts and the tests share: the app exactly as it serves traffic. */
-export async function createHttpApp(options: AppOptions): Promise<NestFastifyApplication> {
-  const adapter = new FastifyAdapter({
+/** The HTTP server as the service and the sandbox provider's own process run it. */
+export function httpServerOptions(): FastifyServerOptions {
+  const logger = new NestLogger('HttpServer');
+  return {
     bodyLimit: BODY_LIMIT_BYTES,
     // Node's own default, which Fastify turns off: a client sending its request slowly holds a socket for 5 minutes at most.
     requestTimeout: 300_000,
@@ -173,7 +184,37 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     routerOptions: { caseSensitive: false, ignoreTrailingSlash: true },
     // X-Request-Id: the caller's when it is a sane token, else a new UUID (pino-http logs the same one).
     genReqId: requestIdOf,
+    // What the router refuses before Nest sees the request (a malformed URL, a path parameter over 100
+    // characters) is a problem too, with its request id.
+    frameworkErrors: (error, req, reply) => {
+      reply.header('X-Request-Id', req.id);
+      sendProblem(error, req, reply, logger);
+    },
+    // Served, then closed (see closeConnectionsWhenStopping), rather than Fastify's own non-problem 503.
+    return503OnClosing: false,
+  };
+}
+
+/**
+ * A stop (graceful-stop.ts) closes the server, which then waits for every open connection. One kept alive after
+ * its last answer (nginx keeps a pool of them) would hold the stop for Fastify's 72 s keep-alive timeout, past
+ * the stop's deadline. So while stopping, every answer closes its connection.
+ */
+export function closeConnectionsWhenStopping(fastify: FastifyInstance): void {
+  let stopping = false;
+  fastify.addHook('preClose', (done) => {
+    stopping = true;
+    done();
   });
+  fastify.addHook('onSend', (_req, reply, payload, done) => {
+    if (stopping) reply.header('Connection', 'close');
+    done(null, payload);
+  });
+}
+
+/** Everything main.ts and the tests share: the app exactly as it serves traffic. */
+export async function createHttpApp(options: AppOptions): Promise<NestFastifyApplication> {
+  const adapter = new FastifyAdapter(httpServerOptions());
   const app = await NestFactory.create<NestFastifyApplication>(AppModule.forRoot(options), adapter, {
     bufferLogs: true,
     bodyParser: false,
@@ -182,7 +223,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
   const fastify = app.getHttpAdapter().getInstance();
   const duration = httpDurationHistogram(app.get(Registry));
   const timers = new WeakMap<FastifyRequest, ReturnType<typeof duration.startTimer>>();
-  // First of all, so that even a request refused by the body parser carries its id.
+  // Before the body hooks, so that a request they refuse carries its id too.
   fastify.addHook('onRequest', (req, reply, done) => {
     reply.header('X-Request-Id', req.id);
     timers.set(req, duration.startTimer());
@@ -195,6 +236,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     done();
   });
   acceptJsonBodies(fastify);
+  closeConnectionsWhenStopping(fastify);
   app.useGlobalPipes(
     new ValidationPipe({
       whitelist: true,

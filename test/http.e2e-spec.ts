@@ -113,6 +113,42 @@ describe('HTTP contract', () => {
       }
     });
 
+    it('no body under a form media type (what curl -d "" sends) is read as no body, not refused as a form', async () => {
+      const created = await post(order());
+      expect(created.status).toBe(201);
+      const cancel = await request(t.url)
+        .post(`/orders/${created.body.id}/cancel`)
+        .set('Authorization', bearer(ALICE))
+        .set('Idempotency-Key', randomUUID())
+        .set('Content-Type', 'application/x-www-form-urlencoded')
+        .set('Content-Length', '0');
+      expect(cancel.status).toBe(200);
+      expect(cancel.body.status).toBe('cancelled');
+      // A create with no body is judged on its (absent) content, as an empty JSON body is.
+      const create = await refused(() => post('', { contentType: 'application/x-www-form-urlencoded' }));
+      expectProblem(create, 400);
+      expect(create.body.type).toBe('urn:idempotent-orders:problem:validation-failed');
+    });
+
+    it('JSON in a charset other than UTF-8 is a 415 problem, not text stored garbled', async () => {
+      const latin1 = Buffer.from(JSON.stringify(order({ note: 'Caf\u00e9' })), 'latin1');
+      const res = await refused(() => post(latin1, { contentType: 'application/json; charset=latin1' }));
+      expectProblem(res, 415);
+      expect(res.body.detail).toBe('unsupported charset "LATIN1"');
+      for (const contentType of ['application/json; charset=utf-8', 'application/json; charset="UTF-8"', 'application/json;charset=utf8']) {
+        const ok = await post(JSON.stringify(order({ note: 'Caf\u00e9' })), { contentType });
+        expect({ contentType, status: ok.status, note: ok.body.note }).toEqual({ contentType, status: 201, note: 'Caf\u00e9' });
+      }
+    });
+
+    it('a URL the router cannot read, or a path parameter over its limit, is a problem with a request id', async () => {
+      const badUrl = await request(t.url).get('/orders/%E0%A4%A').set('Authorization', bearer(ALICE));
+      expectProblem(badUrl, 400);
+      const longId = await request(t.url).get(`/orders/${'a'.repeat(200)}`).set('Authorization', bearer(ALICE));
+      expectProblem(longId, 414);
+      for (const res of [badUrl, longId]) expect(res.headers['x-request-id']).toEqual(expect.any(String));
+    });
+
     it('a validation failure is a 400 problem with an errors array naming each failing field, nested ones too', async () => {
       const res = await refused(() =>
         post({

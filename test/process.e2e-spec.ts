@@ -4,6 +4,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
+import { Agent, request as httpRequest } from 'node:http';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -95,6 +96,54 @@ describe('the service process on a shared database', () => {
          FROM orders WHERE note LIKE 'crash-%'`,
     );
     expect(rows[0]).toEqual({ orders: 60, notes: 60, stuck: 0, completed: 60 });
+  }, PROCESS_TEST_TIMEOUT_MS);
+
+  it('SIGTERM with a request in flight on a keep-alive connection: it is answered, its connection closed, and the stop ends in time', async () => {
+    const service = await start();
+    const key = randomUUID();
+    const holder = new Client({ connectionString: database.url });
+    await holder.connect();
+    const agent = new Agent({ keepAlive: true });
+    try {
+      // The create waits on its order number, which the test's own transaction holds.
+      await holder.query('BEGIN');
+      await holder.query(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ('alice', $1, 'EUR', 1)`, [`drain-${key}`]);
+      const answer = new Promise<{ status: number; connection: string | undefined }>((resolve, reject) => {
+        const body = JSON.stringify({ ...order('drain'), orderNumber: `drain-${key}` });
+        const req = httpRequest(`${service.url}/orders`, {
+          method: 'POST',
+          agent,
+          headers: { authorization: bearer(ALICE), 'idempotency-key': key, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+        });
+        req.on('response', (res) => {
+          res.resume();
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, connection: res.headers.connection }));
+        });
+        req.on('error', reject);
+        req.end(body);
+      });
+      const deadline = Date.now() + 30_000;
+      const waiting = async () =>
+        (await db.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows[0].n as number;
+      while ((await waiting()) < 1) {
+        if (Date.now() > deadline) throw new Error('the create never waited on its order number');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      const stopped = service.kill('SIGTERM');
+      // The stop has begun (it logs first); now let the held create finish.
+      while (!service.output().includes('SIGTERM: stopping')) {
+        if (Date.now() > deadline) throw new Error('the service never began to stop');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      await holder.query('ROLLBACK');
+      // Its order number is free again: the create goes through, and says it closes the connection.
+      expect(await answer).toEqual({ status: 201, connection: 'close' });
+      // Exit 1 would mean the stop's 10 s deadline cut it short: the kept-alive connection held it open.
+      expect(await stopped).toBe(0);
+    } finally {
+      agent.destroy();
+      await holder.end();
+    }
   }, PROCESS_TEST_TIMEOUT_MS);
 
   it('two processes on one database: 20 parallel duplicates across both execute once', async () => {

@@ -180,13 +180,13 @@ export const REQUEST_BODY_PROBLEMS: ProblemExample[] = [
   {
     status: 413,
     description: 'The body is larger than the limit (64 KiB).',
-    example: { type: 'about:blank', title: 'Payload Too Large', status: 413, detail: 'request entity too large' },
+    example: { type: 'about:blank', title: 'Payload Too Large', status: 413, detail: 'Request body is too large' },
   },
 ];
 
 /**
  * Adds `problems` to every operation of a built document, merged with what its decorators say:
- * for refusals that come from middleware rather than from any one controller.
+ * for refusals that come from the HTTP layer (http-app.ts) rather than from any one controller.
  */
 export function documentOnEveryOperation(document: OpenAPIObject, problems: ProblemExample[]): void {
   for (const item of Object.values(document.paths)) {

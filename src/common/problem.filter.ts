@@ -19,6 +19,14 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
     const detail = status < 500 && typeof message === 'string' ? message : undefined;
     return { problem: plainProblem(status, detail), headers: {} };
   }
+  // Refusals of client input by Fastify or Node (a body over the limit, a malformed URL, a client that hung up
+  // mid-body): they carry their 4xx status. Before the database checks: a client's ECONNRESET is not the
+  // database's.
+  const status = (exception as { statusCode?: unknown } | null)?.statusCode;
+  if (typeof status === 'number' && status >= 400 && status < 500) {
+    const message = (exception as { message?: unknown }).message;
+    return { problem: plainProblem(status, typeof message === 'string' ? message : undefined), headers: {} };
+  }
   if (isUniqueViolation(exception)) {
     // Services catch the violations they expect; one that escapes is still a duplicate, not a server fault.
     return { problem: ProblemException.of(409, 'duplicate', 'Duplicate', 'The request conflicts with an existing resource.').problem, headers: {} };
@@ -44,13 +52,24 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
       headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
     };
   }
-  // Fastify's own refusals of client input (a body over the limit, a malformed header): their status and words.
-  const fastifyError = exception as { code?: unknown; statusCode?: unknown; message?: unknown };
-  if (typeof fastifyError?.code === 'string' && fastifyError.code.startsWith('FST_') && typeof fastifyError.statusCode === 'number') {
-    const status = fastifyError.statusCode;
-    if (status >= 400 && status < 500) return { problem: plainProblem(status, typeof fastifyError.message === 'string' ? fastifyError.message : undefined), headers: {} };
-  }
   return { problem: plainProblem(500, 'An unexpected error occurred. It was logged with the request id given in X-Request-Id.'), headers: {} };
+}
+
+/**
+ * Writes `exception` as a problem. ProblemFilter calls it for everything Nest routes; http-app for what Fastify's
+ * router refuses before Nest sees the request (a malformed URL, an over-long path parameter).
+ */
+export function sendProblem(exception: unknown, req: Request, res: Response, logger: Pick<Logger, 'error'>): void {
+  const { problem, headers } = toProblem(exception);
+  if (problem.status >= 500) {
+    logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
+  }
+  if (res.sent || res.raw.headersSent) return;
+  // A handler may have set these for a write that then rolled back (the idempotency layer records
+  // and commits after the handler returns): an error carries only the problem's own headers.
+  res.removeHeader('Location');
+  res.removeHeader('ETag');
+  res.status(problem.status).headers(headers).type(`${PROBLEM_CONTENT_TYPE}; charset=utf-8`).send(JSON.stringify(problem));
 }
 
 /** The one place that writes error responses: every error is application/problem+json, with no stack or internals. */
@@ -60,17 +79,6 @@ export class ProblemFilter implements ExceptionFilter {
 
   catch(exception: unknown, host: ArgumentsHost): void {
     const http = host.switchToHttp();
-    const res = http.getResponse<Response>();
-    const req = http.getRequest<Request>();
-    const { problem, headers } = toProblem(exception);
-    if (problem.status >= 500) {
-      this.logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
-    }
-    if (res.sent || res.raw.headersSent) return;
-    // A handler may have set these for a write that then rolled back (the idempotency layer records
-    // and commits after the handler returns): an error carries only the problem's own headers.
-    res.removeHeader('Location');
-    res.removeHeader('ETag');
-    res.status(problem.status).headers(headers).type(`${PROBLEM_CONTENT_TYPE}; charset=utf-8`).send(JSON.stringify(problem));
+    sendProblem(exception, http.getRequest<Request>(), http.getResponse<Response>(), this.logger);
   }
 }

@@ -16,7 +16,7 @@ import { applyMigrations } from '../database/apply-migrations.js';
 import { openDatabaseServer } from '../database/database-server.js';
 import { typeormOptions } from '../database/typeorm-options.js';
 import { stopOnSignals, takeOverSignals } from '../graceful-stop.js';
-import { acceptJsonBodies, BODY_LIMIT_BYTES, validationProblem } from '../http-app.js';
+import { acceptJsonBodies, closeConnectionsWhenStopping, httpServerOptions, validationProblem } from '../http-app.js';
 import { PspSandboxModule } from './psp-sandbox.module.js';
 
 const DEFAULT_PORT = 4000;
@@ -75,11 +75,12 @@ async function bootstrap(): Promise<void> {
   })
   class PspStandaloneModule {}
 
-  const app = await NestFactory.create<NestFastifyApplication>(PspStandaloneModule, new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES }), {
+  const app = await NestFactory.create<NestFastifyApplication>(PspStandaloneModule, new FastifyAdapter(httpServerOptions()), {
     bodyParser: false,
     logger: ['error', 'warn'],
   });
   acceptJsonBodies(app.getHttpAdapter().getInstance());
+  closeConnectionsWhenStopping(app.getHttpAdapter().getInstance());
   app.useGlobalPipes(new ValidationPipe({ whitelist: true, forbidNonWhitelisted: true, transform: true, forbidUnknownValues: true, exceptionFactory: validationProblem }));
   await app.listen(port, '0.0.0.0');
   const { port: bound } = app.getHttpServer().address() as { port: number };

@@ -1511,7 +1511,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -1574,7 +1574,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -1692,7 +1692,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -1819,7 +1819,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -1941,7 +1941,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2090,7 +2090,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2234,7 +2234,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2385,7 +2385,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2536,7 +2536,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2660,7 +2660,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2739,7 +2739,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2808,7 +2808,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2914,7 +2914,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3017,7 +3017,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3137,7 +3137,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3267,7 +3267,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3419,7 +3419,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3558,7 +3558,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3656,7 +3656,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3805,7 +3805,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3940,7 +3940,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -4033,7 +4033,7 @@ export interface operations {
                      *       "type": "about:blank",
                      *       "title": "Payload Too Large",
                      *       "status": 413,
-                     *       "detail": "request entity too large"
+                     *       "detail": "Request body is too large"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
