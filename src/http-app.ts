@@ -5,11 +5,13 @@ import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import type { ValidationError } from 'class-validator';
 import type { FastifyInstance, FastifyRequest, FastifyServerOptions } from 'fastify';
 import { Logger } from 'nestjs-pino';
+import { STATUS_CODES } from 'node:http';
+import type { Socket } from 'node:net';
 import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
 import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
-import { ProblemException } from './common/problem.js';
+import { plainProblem, PROBLEM_CONTENT_TYPE, ProblemException } from './common/problem.js';
 import { sendProblem } from './common/problem.filter.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from './psp-sandbox/psp-sandbox.controller.js';
@@ -192,7 +194,32 @@ export function httpServerOptions(): FastifyServerOptions {
     },
     // Served, then closed (see closeConnectionsWhenStopping), rather than Fastify's own non-problem 503.
     return503OnClosing: false,
+    clientErrorHandler: refuseMalformedRequest,
   };
+}
+
+/**
+ * What Node's HTTP parser refuses before there is a request to route (not HTTP, two Content-Lengths, headers over
+ * 16 KiB, the request timeout) is a problem too. There is no reply object yet: written on the socket, as Fastify's
+ * own handler writes its JSON, and the connection closed (the parser cannot tell where the next request begins).
+ */
+function refuseMalformedRequest(err: Error & { code?: string }, socket: Socket): void {
+  // A reset connection has nobody left to answer.
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const [status, detail] =
+    err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? [408, 'The request did not arrive in time.']
+      : err.code === 'HPE_HEADER_OVERFLOW'
+        ? [431, 'The request headers are larger than 16 KiB.']
+        : [400, 'The request is not valid HTTP.'];
+  const body = JSON.stringify(plainProblem(status, detail));
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: ${PROBLEM_CONTENT_TYPE}; charset=utf-8\r\n` +
+        `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy(err);
 }
 
 /**

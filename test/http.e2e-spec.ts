@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { connect } from 'node:net';
 import { Client } from 'pg';
 import request from 'supertest';
 import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
@@ -147,6 +148,33 @@ describe('HTTP contract', () => {
       const longId = await request(t.url).get(`/orders/${'a'.repeat(200)}`).set('Authorization', bearer(ALICE));
       expectProblem(longId, 414);
       for (const res of [badUrl, longId]) expect(res.headers['x-request-id']).toEqual(expect.any(String));
+    });
+
+    it('what is not HTTP at all (two Content-Lengths, 20 KB of headers) is a problem too, and the connection closes', async () => {
+      const { hostname, port } = new URL(t.url);
+      /** Sends raw bytes and reads everything the server writes until it closes the connection. */
+      const raw = (text: string) =>
+        new Promise<string>((resolve, reject) => {
+          const socket = connect(Number(port), hostname, () => socket.end(text));
+          let received = '';
+          socket.on('data', (chunk: Buffer) => (received += chunk.toString()));
+          socket.on('close', () => resolve(received));
+          socket.on('error', reject);
+        });
+      const answers = await refused(async () => [
+        await raw('POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}'),
+        await raw(`GET /orders HTTP/1.1\r\nHost: x\r\nX-Filler: ${'a'.repeat(20_000)}\r\n\r\n`),
+      ]);
+      const parsed = answers.map((answer) => {
+        const [head, body] = answer.split('\r\n\r\n');
+        return { statusLine: head.split('\r\n')[0], contentType: /content-type: (.*)/i.exec(head)?.[1], body: JSON.parse(body) as { status: number } };
+      });
+      expect(parsed.map((p) => p.statusLine)).toEqual(['HTTP/1.1 400 Bad Request', 'HTTP/1.1 431 Request Header Fields Too Large']);
+      for (const p of parsed) expect(p.contentType).toMatch(PROBLEM_JSON);
+      expect(parsed.map((p) => p.body)).toEqual([
+        { type: 'about:blank', title: 'Bad Request', status: 400, detail: 'The request is not valid HTTP.' },
+        { type: 'about:blank', title: 'Request Header Fields Too Large', status: 431, detail: 'The request headers are larger than 16 KiB.' },
+      ]);
     });
 
     it('a validation failure is a 400 problem with an errors array naming each failing field, nested ones too', async () => {
