@@ -3,7 +3,7 @@ import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import type { ValidationError } from 'class-validator';
-import type { FastifyInstance, FastifyRequest, FastifyServerOptions } from 'fastify';
+import type { FastifyInstance, FastifyServerOptions } from 'fastify';
 import { Logger } from 'nestjs-pino';
 import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
@@ -81,7 +81,7 @@ const CHARSET_PARAMETER = /;\s*charset\s*=\s*"?([^";\s]*)"?/i;
  * - the webhook route keeps the exact bytes sent (a Buffer in req.body): its signature is over them;
  * - a parsed body too deep, or with text PostgreSQL cannot store, is a 400 before anything reads it.
  */
-export function acceptJsonBodies(fastify: FastifyInstance): void {
+function acceptJsonBodies(fastify: FastifyInstance): void {
   fastify.addHook('onRequest', (req, _reply, done) => {
     const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
     if (!hasBody) return done();
@@ -227,7 +227,7 @@ function refuseMalformedRequest(err: Error & { code?: string }, socket: Socket):
  * its last answer (nginx keeps a pool of them) would hold the stop for Fastify's 72 s keep-alive timeout, past
  * the stop's deadline. So while stopping, every answer closes its connection.
  */
-export function closeConnectionsWhenStopping(fastify: FastifyInstance): void {
+function closeConnectionsWhenStopping(fastify: FastifyInstance): void {
   let stopping = false;
   fastify.addHook('preClose', (done) => {
     stopping = true;
@@ -237,6 +237,22 @@ export function closeConnectionsWhenStopping(fastify: FastifyInstance): void {
     if (stopping) reply.header('Connection', 'close');
     done(null, payload);
   });
+}
+
+/** What the service and the sandbox provider's own process share: how bodies are read and checked, and how a stop ends. */
+export function applyHttpRules(app: NestFastifyApplication): void {
+  const fastify = app.getHttpAdapter().getInstance();
+  acceptJsonBodies(fastify);
+  closeConnectionsWhenStopping(fastify);
+  app.useGlobalPipes(
+    new ValidationPipe({
+      whitelist: true,
+      forbidNonWhitelisted: true,
+      transform: true,
+      forbidUnknownValues: true,
+      exceptionFactory: validationProblem,
+    }),
+  );
 }
 
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */
@@ -249,30 +265,17 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
   app.useLogger(app.get(Logger));
   const fastify = app.getHttpAdapter().getInstance();
   const duration = httpDurationHistogram(app.get(Registry));
-  const timers = new WeakMap<FastifyRequest, ReturnType<typeof duration.startTimer>>();
-  // Before the body hooks, so that a request they refuse carries its id too.
+  // Before the body hooks (applyHttpRules), so that a request they refuse carries its id too.
   fastify.addHook('onRequest', (req, reply, done) => {
     reply.header('X-Request-Id', req.id);
-    timers.set(req, duration.startTimer());
     done();
   });
   fastify.addHook('onResponse', (req, reply, done) => {
     // The route pattern, not the URL: one series per endpoint, however many ids there are.
-    const route = req.routeOptions.url ?? 'unmatched';
-    timers.get(req)?.({ method: req.method, route, status: String(reply.statusCode) });
+    duration.observe({ method: req.method, route: req.routeOptions.url ?? 'unmatched', status: String(reply.statusCode) }, reply.elapsedTime / 1000);
     done();
   });
-  acceptJsonBodies(fastify);
-  closeConnectionsWhenStopping(fastify);
-  app.useGlobalPipes(
-    new ValidationPipe({
-      whitelist: true,
-      forbidNonWhitelisted: true,
-      transform: true,
-      forbidUnknownValues: true,
-      exceptionFactory: validationProblem,
-    }),
-  );
+  applyHttpRules(app);
   SwaggerModule.setup('docs', app, () => buildOpenApiDocument(app), {
     jsonDocumentUrl: 'docs-json',
     swaggerOptions: { persistAuthorization: true },

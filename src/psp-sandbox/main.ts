@@ -6,7 +6,7 @@
  *   PSP_WEBHOOK_SECRET (the service's) · PSP_WEBHOOK_DUPLICATES (false)
  */
 import 'reflect-metadata';
-import { Module, ValidationPipe } from '@nestjs/common';
+import { Module } from '@nestjs/common';
 import { APP_FILTER, NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DataSource } from 'typeorm';
@@ -16,7 +16,7 @@ import { applyMigrations } from '../database/apply-migrations.js';
 import { openDatabaseServer } from '../database/database-server.js';
 import { typeormOptions } from '../database/typeorm-options.js';
 import { stopOnSignals, takeOverSignals } from '../graceful-stop.js';
-import { acceptJsonBodies, closeConnectionsWhenStopping, httpServerOptions, validationProblem } from '../http-app.js';
+import { applyHttpRules, httpServerOptions } from '../http-app.js';
 import { PspSandboxModule } from './psp-sandbox.module.js';
 
 const DEFAULT_PORT = 4000;
@@ -79,9 +79,7 @@ async function bootstrap(): Promise<void> {
     bodyParser: false,
     logger: ['error', 'warn'],
   });
-  acceptJsonBodies(app.getHttpAdapter().getInstance());
-  closeConnectionsWhenStopping(app.getHttpAdapter().getInstance());
-  app.useGlobalPipes(new ValidationPipe({ whitelist: true, forbidNonWhitelisted: true, transform: true, forbidUnknownValues: true, exceptionFactory: validationProblem }));
+  applyHttpRules(app);
   await app.listen(port, '0.0.0.0');
   const { port: bound } = app.getHttpServer().address() as { port: number };
   console.log(
