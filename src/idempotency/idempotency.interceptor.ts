@@ -14,7 +14,7 @@ import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metri
 import { parseIdempotencyKey } from './idempotency-key-header.js';
 import { type Claim, IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
 import { keyInUse, keyMissing, keyReused, keyScopeOf } from './idempotency-problems.js';
-import { type CompletedKey, readClocks, ReplayCache } from './replay-cache.js';
+import { type CompletedKey, keySlot, readClocks, ReplayCache } from './replay-cache.js';
 import { writeStoredResponse } from './stored-response.js';
 
 /**
@@ -107,10 +107,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   private replayCompleted(scope: KeyScope, completed: CompletedKey, res: Response, outcome: 'replayed' | 'waited' = 'replayed'): string {
-    if (completed.fingerprint !== scope.fingerprint) {
-      this.metrics.note('mismatch', scope.clientId, scope.key);
-      throw keyReused();
-    }
+    this.refuseAnotherRequest(scope, completed.fingerprint);
     this.metrics.note(outcome, scope.clientId, scope.key);
     return writeStoredResponse(res, completed.response, true);
   }
@@ -122,7 +119,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
    */
   private async respond(scope: KeyScope, next: CallHandler, res: Response): Promise<unknown> {
     const deadline = performance.now() + this.config.idempotencyWaitMs;
-    const slot = `${scope.clientId}\n${scope.key}`;
+    const slot = keySlot(scope.clientId, scope.key);
     const ahead = this.lines.get(slot);
     let leave!: () => void;
     const done = new Promise<void>((resolve) => (leave = resolve));
@@ -224,13 +221,17 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   private replay(scope: KeyScope, record: KeyRecord, waited: boolean): Execution {
     // An expired key is bound to no request any more; it is only still here because it is unfinished.
-    if (record.fingerprint !== scope.fingerprint && !record.expired) {
-      this.metrics.note('mismatch', scope.clientId, scope.key);
-      throw keyReused();
-    }
+    if (!record.expired) this.refuseAnotherRequest(scope, record.fingerprint);
     // Committed but unfinished: a phased handler (payments) is mid-way under its lease.
     if (!record.response) throw this.outstanding(scope, 0);
     return { kind: 'respond', response: record.response, replayed: true, outcome: waited ? 'waited' : 'replayed' };
+  }
+
+  /** A key is bound to the request that first used it: anything else sent with it is a 422, and nothing runs. */
+  private refuseAnotherRequest(scope: KeyScope, fingerprint: string): void {
+    if (fingerprint === scope.fingerprint) return;
+    this.metrics.note('mismatch', scope.clientId, scope.key);
+    throw keyReused();
   }
 
   private outstanding(scope: KeyScope, waitedMs: number): ProblemException {

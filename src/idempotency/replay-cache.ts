@@ -56,7 +56,7 @@ export class ReplayCache {
   ) {}
 
   get(clientId: string, key: string): CompletedKey | undefined {
-    const slot = slotOf(clientId, key);
+    const slot = keySlot(clientId, key);
     const entry = this.entries.get(slot);
     if (!entry) return undefined;
     this.entries.delete(slot);
@@ -78,7 +78,7 @@ export class ReplayCache {
     const usableFor = expiresInMs - REPLAY_CACHE_EXPIRY_MARGIN_MS;
     const bytes = completed.response.body.length + completed.fingerprint.length + key.length + clientId.length;
     if (usableFor <= 0 || bytes > this.maxBytes) return;
-    const slot = slotOf(clientId, key);
+    const slot = keySlot(clientId, key);
     const previous = this.entries.get(slot);
     if (previous) {
       this.entries.delete(slot);
@@ -99,5 +99,5 @@ export class ReplayCache {
   }
 }
 
-/** Keys are scoped to their client: one client's key never answers another's request. */
-const slotOf = (clientId: string, key: string) => `${clientId}\n${key}`;
+/** Keys are scoped to their client: one client's key never answers another's request (a client id holds no newline). */
+export const keySlot = (clientId: string, key: string) => `${clientId}\n${key}`;

@@ -15,7 +15,6 @@ import { PaymentReconciler } from './payment-reconciler.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
 import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
 
-
 /** What an idempotent payment endpoint answers: a stored response, sent as it is. */
 export interface KeyAnswer {
   response: StoredResponse;

@@ -16,19 +16,17 @@ import type { KeyAnswer } from './payments.service.js';
 
 type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; refundId: string; resumed: boolean };
 
-
-
-/**
- * POST /payments/:id/refunds, in the same atomic phases as a payment. The amount is reserved in
- * phase 1 by one conditional UPDATE (`refunded_minor + amount <= amount_minor`), so refunds racing
- * in parallel can never add up to more than was paid; a failed refund gives its reservation back.
- */
 /**
  * Reserves $2 of payment $1's refundable amount: one conditional UPDATE, so refunds racing on one payment
  * can never reserve more than it holds (ck_payments_refunded_minor backs it). No row back: it would exceed.
  */
 export const RESERVE_REFUND = `UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1 AND refunded_minor + $2 <= amount_minor RETURNING id`;
 
+/**
+ * POST /payments/:id/refunds, in the same atomic phases as a payment. The amount is reserved in
+ * phase 1 by one conditional UPDATE (`refunded_minor + amount <= amount_minor`), so refunds racing
+ * in parallel can never add up to more than was paid; a failed refund gives its reservation back.
+ */
 @Injectable()
 export class RefundsService {
   constructor(
