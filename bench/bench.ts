@@ -282,6 +282,12 @@ async function main(): Promise<void> {
       service!.once('exit', (code) => rej(new Error(`service exited ${code}`)));
     });
     const headers = { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' };
+    const createWithNewKeys: Partial<autocannon.Options> = {
+      method: 'POST',
+      headers,
+      body: BODY,
+      requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': randomUUID() } }) }],
+    };
 
     console.error(`service at ${url}; measuring`);
     // On a shared machine the other sessions' load is part of every number: printed and recorded beside them.
@@ -292,13 +298,7 @@ async function main(): Promise<void> {
     await cannon('warm-up', `${url}/health`, { duration: 2 });
     // And the create path (JIT, each pooled connection's first parse of the named statements), as the peer's is warmed:
     // otherwise that one-off cost lands in the first measured row.
-    await cannon('warm-up', `${url}/orders`, {
-      duration: 2,
-      method: 'POST',
-      headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
-      body: BODY,
-      requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': randomUUID() } }) }],
-    });
+    await cannon('warm-up', `${url}/orders`, { duration: 2, ...createWithNewKeys });
 
     const rows: Row[] = [];
     const tolerate = async (name: string, workload: () => Promise<Row>) => {
@@ -313,12 +313,7 @@ async function main(): Promise<void> {
     rows.push(await measured(() => cannon('GET /health', `${url}/health`, {})));
     rows.push(
       await measured(() =>
-        cannon('idempotent create (new key each)', `${url}/orders`, {
-          method: 'POST',
-          headers,
-          body: BODY,
-          requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': randomUUID() } }) }],
-        }),
+        cannon('idempotent create (new key each)', `${url}/orders`, createWithNewKeys),
       ),
     );
     rows.push(await withCpu({ postmaster: cpu.postmaster }, () => directCreates(server.url)));

@@ -33,10 +33,17 @@ function run(script, env) {
   });
 }
 
-const ROUNDS = Math.max(1, Number(process.env.BENCH_ROUNDS ?? 1));
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 1);
+if (!Number.isInteger(ROUNDS) || ROUNDS < 1) {
+  console.error(`BENCH_ROUNDS must be a whole number from 1 up, not "${process.env.BENCH_ROUNDS}"`);
+  process.exit(2);
+}
+/** The middle value; with an even count, the mean of the two middle ones (not the lower: two rounds would report the slower). */
 const median = (xs) => {
   const v = xs.filter((x) => typeof x === 'number' && !Number.isNaN(x)).sort((a, b) => a - b);
-  return v.length ? v[Math.floor((v.length - 1) / 2)] : NaN;
+  if (!v.length) return NaN;
+  const mid = v.length / 2;
+  return Number.isInteger(mid) ? (v[mid - 1] + v[mid]) / 2 : v[Math.floor(mid)];
 };
 /** One run's document with every numeric field of every row replaced by its median over the rounds (errors: the most). */
 function medianOf(runs) {

@@ -16,12 +16,10 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 export const log = (m) => console.error(`[${new Date().toISOString().slice(11, 19)}] ${m}`);
 export const arg = (n, d) => { const i = process.argv.indexOf(`--${n}`); return i > 0 ? process.argv[i + 1] : d; };
 
-export function freePort() {
-  return new Promise((res, rej) => {
-    const s = net.createServer();
-    s.once('error', rej);
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => res(p)); });
-  });
+/** The service's own (src/common/free-port.ts, from the root build). */
+export async function freePort() {
+  const { freePort: free } = await import(dist('src/common/free-port.js'));
+  return free();
 }
 
 // ---- cleanup: children (by pid, their own process group) and async stoppers (PostgreSQL), newest first
