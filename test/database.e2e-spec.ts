@@ -97,6 +97,9 @@ describe('Database: pipelined transactions', () => {
         }),
       ).rejects.toThrow('the handler failed');
       expect(sent).not.toHaveBeenCalled(); // no BEGIN, no ROLLBACK, no deferred statement
+      // The spy does watch the connections Database uses: one statement is seen (with its BEGIN and COMMIT).
+      await db.transaction(() => db.query('SELECT 1'));
+      expect(sent).toHaveBeenCalled();
     } finally {
       sent.mockRestore();
     }

@@ -50,6 +50,16 @@ async function sample(url: string, name: string): Promise<number> {
   return Number(line.split(' ')[1]);
 }
 
+/** A create on `t`, with `key` as its Idempotency-Key (none when undefined). */
+function postOrder(t: TestApp, key: string | undefined, body: unknown, client = ALICE) {
+  const req = request(t.url).post('/orders').set('Authorization', bearer(client));
+  if (key !== undefined) void req.set('Idempotency-Key', key);
+  return req.send(body as object);
+}
+
+const countOrdersWithNote = async (t: TestApp, note: string) =>
+  (await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE note = $1`, [note])).rows[0].n as number;
+
 describe('Idempotency-Key on POST /orders', () => {
   let t: TestApp;
   beforeAll(async () => {
@@ -62,13 +72,9 @@ describe('Idempotency-Key on POST /orders', () => {
     await t?.close();
   });
 
-  const post = (key: string | undefined, body: unknown, client = ALICE) => {
-    const req = request(t.url).post('/orders').set('Authorization', bearer(client));
-    if (key !== undefined) void req.set('Idempotency-Key', key);
-    return req.send(body as object);
-  };
+  const post = (key: string | undefined, body: unknown, client = ALICE) => postOrder(t, key, body, client);
   const count = async (sql: string, params: unknown[] = []) => (await t.db.query(sql, params)).rows[0].n as number;
-  const ordersWithNote = (note: string) => count(`SELECT count(*)::int AS n FROM orders WHERE note = $1`, [note]);
+  const ordersWithNote = (note: string) => countOrdersWithNote(t, note);
   const keyRows = (key: string) => t.db.query(`SELECT client_id, state, response_status FROM idempotency_keys WHERE key = $1 ORDER BY client_id`, [key]);
   const metric = async (outcome: string) => {
     const text = (await request(t.url).get('/metrics')).text;
@@ -669,9 +675,8 @@ describe('Idempotency-Key: replays answered from memory (ReplayCache, IDEMPOTENC
   afterAll(async () => {
     await t?.close();
   });
-  const post = (key: string, body: unknown, client = ALICE) =>
-    request(t.url).post('/orders').set('Authorization', bearer(client)).set('Idempotency-Key', key).send(body as object);
-  const ordersWithNote = async (note: string) => (await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE note = $1`, [note])).rows[0].n as number;
+  const post = (key: string, body: unknown, client = ALICE) => postOrder(t, key, body, client);
+  const ordersWithNote = (note: string) => countOrdersWithNote(t, note);
 
   it('a replayed key is answered again from memory, byte for byte, even with its row gone', async () => {
     const key = randomUUID();

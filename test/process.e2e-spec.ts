@@ -44,6 +44,17 @@ describe('the service process on a shared database', () => {
 
   const post = (url: string, key: string, note: string) =>
     request(url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(order(note));
+  /** Requests of the service waiting on a row lock (one the test's own transaction holds). */
+  const lockWaiters = async () =>
+    (await db.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows[0].n as number;
+  /** Polls `condition` every 20 ms until it holds; past 30 s, fails with `what`. */
+  const until = async (condition: () => boolean | Promise<boolean>, what: string) => {
+    const deadline = Date.now() + 30_000;
+    while (!(await condition())) {
+      if (Date.now() > deadline) throw new Error(what);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  };
 
   it('SIGKILL with requests in flight: every key retried afterwards has exactly one order, and no key is stuck', async () => {
     // Long enough that the held requests are still waiting when the kill comes, however loaded the machine.
@@ -67,13 +78,7 @@ describe('the service process on a shared database', () => {
           () => 'lost' as const,
         ),
       );
-      const heldWaiting = async () =>
-        (await db.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows[0].n as number;
-      const deadline = Date.now() + 30_000;
-      while ((await heldWaiting()) < held.length) {
-        if (Date.now() > deadline) throw new Error('the held requests never waited on their order numbers');
-        await new Promise((r) => setTimeout(r, 20));
-      }
+      await until(async () => (await lockWaiters()) >= held.length, 'the held requests never waited on their order numbers');
       await first.kill('SIGKILL');
       const settled = await Promise.all(outcomes);
       // The held ones were cut off; the rest answered 201 or were cut off too, never anything else.
@@ -122,19 +127,12 @@ describe('the service process on a shared database', () => {
         req.on('error', reject);
         req.end(body);
       });
-      const deadline = Date.now() + 30_000;
-      const waiting = async () =>
-        (await db.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows[0].n as number;
-      while ((await waiting()) < 1) {
-        if (Date.now() > deadline) throw new Error('the create never waited on its order number');
-        await new Promise((r) => setTimeout(r, 20));
-      }
+      // Settled here too, so a failure before it is awaited below is not also an unhandled rejection.
+      answer.catch(() => undefined);
+      await until(async () => (await lockWaiters()) >= 1, 'the create never waited on its order number');
       const stopped = service.kill('SIGTERM');
       // The stop has begun (it logs first); now let the held create finish.
-      while (!service.output().includes('SIGTERM: stopping')) {
-        if (Date.now() > deadline) throw new Error('the service never began to stop');
-        await new Promise((r) => setTimeout(r, 20));
-      }
+      await until(() => service.output().includes('SIGTERM: stopping'), 'the service never began to stop');
       await holder.query('ROLLBACK');
       // Its order number is free again: the create goes through, and says it closes the connection.
       expect(await answer).toEqual({ status: 201, connection: 'close' });
