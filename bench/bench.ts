@@ -24,6 +24,7 @@ import { applyMigrations } from '../src/database/apply-migrations.js';
 import { freePort } from '../src/common/free-port.js';
 import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
+import { ORDER_TABLE_COLUMNS } from '../src/orders/order-columns.js';
 import { postgresCpuMs, postmasterPid, processCpuMs } from './proc-cpu.js';
 
 const CONNECTIONS = 32;
@@ -83,10 +84,10 @@ async function directCreates(url: string): Promise<Row> {
       VALUES ($1, $2, $3, 'POST', '/orders', now() + make_interval(secs => 86400)) ON CONFLICT ON CONSTRAINT uq_idempotency_keys_client_key DO NOTHING
       RETURNING id, true AS claimed) SELECT * FROM claimed UNION ALL SELECT id, false FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
   const insertOrder = `WITH o AS (INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note) VALUES ($1, $2, 'EUR', 4498, NULL, NULL)
-      ON CONFLICT ON CONSTRAINT uq_orders_client_order_number DO NOTHING RETURNING *),
+      ON CONFLICT ON CONSTRAINT uq_orders_client_order_number DO NOTHING RETURNING ${ORDER_TABLE_COLUMNS}),
       lines AS (INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_minor)
       SELECT o.id, l.line_no, l.sku, l.quantity, l.unit_price_minor FROM o, unnest($3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY AS l(sku, quantity, unit_price_minor, line_no))
-      SELECT o.* FROM o`;
+      SELECT ${ORDER_TABLE_COLUMNS} FROM o`;
   const record = `UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = $2, response_body = $3, completed_at = now() WHERE id = $1`;
   const latencies: number[] = [];
   let errors = 0;

@@ -12,6 +12,7 @@ import type { UpdateOrderDto } from './dto/update-order.dto.js';
 import { paymentInProgress } from '../payments/payment-problems.js';
 import { versionEtag } from './if-match.js';
 import { decodeCursor, encodeCursor } from './order-cursor.js';
+import { ORDER_TABLE_COLUMNS } from './order-columns.js';
 import { allowedFrom, nextStatuses } from './order-state-machine.js';
 import type { OrderStatus } from './order-status.js';
 
@@ -54,13 +55,13 @@ const INSERT_ORDER = `
     INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note, creation_digest)
     VALUES ($1, $2, $3, $4, $5, $6, $11)
     ON CONFLICT ON CONSTRAINT uq_orders_client_order_number DO NOTHING
-    RETURNING *
+    RETURNING ${ORDER_TABLE_COLUMNS}
   ), lines AS (
     INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_minor)
     SELECT o.id, l.line_no, l.sku, l.quantity, l.unit_price_minor
       FROM o, unnest($7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS l(sku, quantity, unit_price_minor, line_no)
   )
-  SELECT o.*, $10::json AS items FROM o`;
+  SELECT ${ORDER_TABLE_COLUMNS}, $10::json AS items FROM o`;
 
 function toView(row: OrderRow): OrderView {
   return {

@@ -4,7 +4,7 @@ import { retryOnceOnDeadlock } from '../database/pg-errors.js';
 import { AtomicPhases } from '../idempotency/atomic-phases.js';
 import type { StoredResponse } from '../idempotency/idempotency-keys.service.js';
 import { OrdersService } from '../orders/orders.service.js';
-import { paymentAnswer, type PaymentRow, refundAnswer, type RefundRow } from './payment-records.js';
+import { PAYMENT_COLUMNS, paymentAnswer, type PaymentRow, REFUND_COLUMNS, refundAnswer, refundColumnsOf, type RefundRow } from './payment-records.js';
 
 /** What the provider said about a charge or a refund (or, for provider_unreachable, that it never saw one). */
 export type ProviderOutcome =
@@ -47,7 +47,7 @@ export class PaymentSettlement {
    * statement aborts its whole transaction.
    */
   async applyPaymentOutcome(paymentId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1`, [paymentId]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
     if (!payment) throw new Error(`payment ${paymentId} vanished while being settled`);
     const key = payment.idempotency_key_id ? await this.phases.lockForSettling(payment.idempotency_key_id, leaseToken) : undefined;
     if (leaseToken !== undefined && !key?.owned) return key?.response ? { kind: 'answered', response: key.response, changed: false } : { kind: 'lost' };
@@ -56,30 +56,30 @@ export class PaymentSettlement {
       `UPDATE payments
           SET status = $2, provider_transaction_id = coalesce($3, provider_transaction_id), failure_code = $4, updated_at = now()
         WHERE id = $1 AND status = 'pending'
-       RETURNING *`,
+       RETURNING ${PAYMENT_COLUMNS}`,
       [paymentId, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null],
     );
     if (settled?.status === 'succeeded') await this.orders.transitionOrder(settled.client_id, settled.order_id, 'paid');
-    const current = settled ?? (await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1`, [paymentId]))[0];
+    const current = settled ?? (await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]))[0];
     return this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
   }
 
   /** settleRefund's work inside the caller's transaction (see applyPaymentOutcome). */
   async applyRefundOutcome(refundId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
     const [refund] = await this.db.query<RefundRow & { order_id: string }>(
-      `SELECT r.*, p.order_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+      `SELECT ${refundColumnsOf('r')}, p.order_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
     if (!refund) throw new Error(`refund ${refundId} vanished while being settled`);
     const key = refund.idempotency_key_id ? await this.phases.lockForSettling(refund.idempotency_key_id, leaseToken) : undefined;
     if (leaseToken !== undefined && !key?.owned) return key?.response ? { kind: 'answered', response: key.response, changed: false } : { kind: 'lost' };
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1 FOR UPDATE`, [refund.payment_id]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [refund.payment_id]);
     const [settled] = await this.db.query<RefundRow>(
       `UPDATE refunds
           SET status = $2, provider_refund_id = coalesce($3, provider_refund_id), failure_code = $4, updated_at = now()
         WHERE id = $1 AND status = 'pending'
-       RETURNING *`,
+       RETURNING ${REFUND_COLUMNS}`,
       [refundId, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null],
     );
     if (settled?.status === 'failed') {
@@ -94,7 +94,7 @@ export class PaymentSettlement {
       );
       if (Number(refunded) === Number(payment.amount_minor)) await this.orders.transitionOrder(payment.client_id, payment.order_id, 'refunded');
     }
-    const current = settled ?? (await this.db.query<RefundRow>(`SELECT * FROM refunds WHERE id = $1`, [refundId]))[0];
+    const current = settled ?? (await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1`, [refundId]))[0];
     return this.answer(key, refund.idempotency_key_id, refundAnswer(current), settled !== undefined);
   }
 

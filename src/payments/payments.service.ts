@@ -10,7 +10,7 @@ import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { PaymentView } from './dto/payment.view.js';
 import { nothingToPay, orderNotPayable, paymentInProgress, paymentNotFound, paymentPending, providerUnavailable } from './payment-problems.js';
-import { outboundKeyOf, PAYMENT_CREATED, type PaymentRow, toPaymentView } from './payment-records.js';
+import { outboundKeyOf, PAYMENT_COLUMNS, PAYMENT_CREATED, paymentColumnsOf, type PaymentRow, toPaymentView } from './payment-records.js';
 import { PaymentReconciler } from './payment-reconciler.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
 import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
@@ -97,7 +97,7 @@ export class PaymentsService {
       `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key)
        SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id FROM (SELECT gen_random_uuid() AS id) g
        ON CONFLICT (order_id) WHERE status IN ('pending', 'succeeded') DO NOTHING
-       RETURNING *`,
+       RETURNING ${PAYMENT_COLUMNS}`,
       [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
     );
     if (payment) return { payment };
@@ -111,7 +111,7 @@ export class PaymentsService {
    * outbound key. An unknown outcome releases the lease and answers 503: NOT stored.
    */
   async chargeAndSettle(key: LeasedKey, paymentId: string, resumed: boolean): Promise<StoredResponse> {
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1`, [paymentId]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
     let outcome: ProviderOutcome | undefined;
     if (resumed) {
       outcome = await this.psp.findChargesByPayment(payment.id).then(foundChargeOutcome, (err: unknown) => {
@@ -147,7 +147,7 @@ export class PaymentsService {
   async listOrderPayments(clientId: string, orderId: string): Promise<PaymentView[]> {
     if (!isUUID(orderId)) throw orderNotFound(orderId);
     const rows = await this.db.query<PaymentRow & { order_exists: boolean }>(
-      `SELECT p.*, true AS order_exists FROM orders o LEFT JOIN payments p ON p.order_id = o.id
+      `SELECT ${paymentColumnsOf('p')}, true AS order_exists FROM orders o LEFT JOIN payments p ON p.order_id = o.id
         WHERE o.id = $1 AND o.client_id = $2 ORDER BY p.created_at, p.id`,
       [orderId, clientId],
     );
@@ -156,7 +156,7 @@ export class PaymentsService {
   }
 
   async findPayment(clientId: string, id: string): Promise<PaymentView> {
-    const [row] = isUUID(id) ? await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
+    const [row] = isUUID(id) ? await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
     if (!row) throw paymentNotFound(id);
     return toPaymentView(row);
   }

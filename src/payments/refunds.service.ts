@@ -9,7 +9,7 @@ import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';
 import { paymentNotFound, paymentPending, providerUnavailable, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
-import { outboundKeyOf, type PaymentRow, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
+import { outboundKeyOf, PAYMENT_COLUMNS, type PaymentRow, REFUND_COLUMNS, REFUND_CREATED, refundColumnsOf, type RefundRow, toRefundView } from './payment-records.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
 import { foundRefundOutcome, recordedOutcome, refundOutcome } from './provider-outcomes.js';
 import type { KeyAnswer } from './payments.service.js';
@@ -61,7 +61,7 @@ export class RefundsService {
     const [found] = isUUID(paymentId) ? await this.db.query<{ order_id: string }>(`SELECT order_id FROM payments WHERE id = $1 AND client_id = $2`, [paymentId, clientId]) : [];
     if (!found) return { refusal: paymentNotFound(paymentId) };
     const [order] = await this.db.query<{ status: OrderStatus }>(`SELECT status FROM orders WHERE id = $1 FOR UPDATE`, [found.order_id]);
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1 FOR UPDATE`, [paymentId]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [paymentId]);
     if (payment.status !== 'succeeded' || order.status !== 'cancelled') return { refusal: refundNotAllowed(paymentId, payment.status, order.status) };
     const refundable = Number(payment.amount_minor) - Number(payment.refunded_minor);
     const amount = amountMinor ?? refundable;
@@ -76,7 +76,7 @@ export class RefundsService {
     const [refund] = await this.db.query<RefundRow>(
       `INSERT INTO refunds (id, client_id, payment_id, idempotency_key_id, amount_minor, outbound_key)
        SELECT g.id, $1, $2, $3, $4, $5 || g.id FROM (SELECT gen_random_uuid() AS id) g
-       RETURNING *`,
+       RETURNING ${REFUND_COLUMNS}`,
       [clientId, paymentId, keyId, amount, outboundKeyOf('refund', '')],
     );
     return { refund };
@@ -85,7 +85,7 @@ export class RefundsService {
   /** Phases 2 and 3, as for a payment: look up first when resuming, the same outbound key on every call, 503 while unknown. */
   async refundAndSettle(key: LeasedKey, refundId: string, resumed: boolean): Promise<StoredResponse> {
     const [refund] = await this.db.query<RefundRow & { charge_id: string }>(
-      `SELECT r.*, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+      `SELECT ${refundColumnsOf('r')}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
     let outcome: ProviderOutcome | undefined;
@@ -122,7 +122,7 @@ export class RefundsService {
   async listPaymentRefunds(clientId: string, paymentId: string): Promise<RefundView[]> {
     if (!isUUID(paymentId)) throw paymentNotFound(paymentId);
     const rows = await this.db.query<RefundRow>(
-      `SELECT r.* FROM payments p LEFT JOIN refunds r ON r.payment_id = p.id WHERE p.id = $1 AND p.client_id = $2 ORDER BY r.created_at, r.id`,
+      `SELECT ${refundColumnsOf('r')} FROM payments p LEFT JOIN refunds r ON r.payment_id = p.id WHERE p.id = $1 AND p.client_id = $2 ORDER BY r.created_at, r.id`,
       [paymentId, clientId],
     );
     if (rows.length === 0) throw paymentNotFound(paymentId);
@@ -130,7 +130,7 @@ export class RefundsService {
   }
 
   async findRefund(clientId: string, id: string): Promise<RefundView> {
-    const [row] = isUUID(id) ? await this.db.query<RefundRow>(`SELECT * FROM refunds WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
+    const [row] = isUUID(id) ? await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
     if (!row) throw refundNotFound(id);
     return toRefundView(row);
   }
