@@ -73,10 +73,9 @@ export class AppModule {
             },
           },
         }),
-        // lock_timeout 0 would mean "wait forever": a zero wait is the shortest one PostgreSQL can do.
+        // No session settings: they ride with each transaction (Database), which a transaction pooler keeps.
         TypeOrmModule.forRoot(
           typeormOptions(databaseUrl, {
-            lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1),
             poolSize: config.databasePoolSize,
             poolWaitMs: config.databasePoolWaitMs,
           }),

@@ -4,8 +4,9 @@
  */
 import { DataSource } from 'typeorm';
 import { Database } from '../src/database/database.service';
+import { isCachedPlanInvalidated } from '../src/database/pg-errors';
 import { typeormOptions } from '../src/database/typeorm-options';
-import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
+import { createTestDatabase, ignoreIdleErrors, testConfig } from './support/test-app';
 import { jest } from '@jest/globals';
 import { Client, Pool } from 'pg';
 
@@ -16,9 +17,9 @@ describe('Database: pipelined transactions', () => {
   let check: Pool;
   beforeAll(async () => {
     database = await createTestDatabase();
-    dataSource = new DataSource(typeormOptions(database.url, { lockTimeoutMs: 2_000, poolSize: 2 }));
+    dataSource = new DataSource(typeormOptions(database.url, { poolSize: 2 }));
     await dataSource.initialize();
-    db = new Database(dataSource);
+    db = new Database(dataSource, testConfig(database.url, { IDEMPOTENCY_WAIT_MS: '2000' }));
     check = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
     await check.query(`CREATE TABLE pipeline_probe (id int PRIMARY KEY, note text)`);
   });
@@ -116,5 +117,96 @@ describe('Database: pipelined transactions', () => {
     expect(() => db.defer('SELECT 1')).toThrow('Database.defer needs a transaction');
     expect(() => db.savepoint('x')).toThrow('needs a transaction');
     expect(() => db.rollbackToSavepoint('x')).toThrow('Database.rollbackToSavepoint needs a transaction');
+  });
+
+  it('every transaction, and a statement on its own, runs under the settings; the session carries none', async () => {
+    const setting = `SELECT current_setting('lock_timeout') AS lock, current_setting('statement_timeout') AS statement, current_setting('idle_in_transaction_session_timeout') AS idle`;
+    const expected = [{ lock: '2s', statement: '30s', idle: '1min' }];
+    expect(await db.transaction(() => db.query(setting))).toEqual(expected);
+    expect(await db.query(setting)).toEqual(expected);
+    // The connection itself keeps the server's defaults: nothing leaks to whoever a pooler gives it to next.
+    const [session] = await dataSource.query<{ lock: string }[]>(`SELECT current_setting('lock_timeout') AS lock`);
+    expect(session.lock).toBe('0');
+    // The claim narrows lock_timeout for a while, then gives the transaction its own back.
+    expect(
+      await db.transaction(async () => {
+        db.setLockTimeout(250);
+        const [narrowed] = await db.query<{ lock: string }>(`SELECT current_setting('lock_timeout') AS lock`);
+        db.setLockTimeout();
+        const [restored] = await db.query<{ lock: string }>(`SELECT current_setting('lock_timeout') AS lock`);
+        return [narrowed.lock, restored.lock];
+      }),
+    ).toEqual(['250ms', '2s']);
+  });
+});
+
+describe('Database: a column added or dropped under prepared statements (0A000)', () => {
+  let database: Awaited<ReturnType<typeof createTestDatabase>>;
+  let dataSource: DataSource;
+  let check: Pool;
+  /** One connection, so every statement below runs where the earlier ones were prepared. */
+  const open = async (env: Record<string, string> = {}) => {
+    dataSource = new DataSource(typeormOptions(database.url, { poolSize: 1 }));
+    await dataSource.initialize();
+    return new Database(dataSource, testConfig(database.url, env));
+  };
+  beforeEach(async () => {
+    database = await createTestDatabase();
+    check = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
+    await check.query(`CREATE TABLE schema_probe (id int PRIMARY KEY, note text)`);
+    await check.query(`INSERT INTO schema_probe VALUES (1, 'one')`);
+  });
+  afterEach(async () => {
+    await check?.end();
+    await dataSource?.destroy();
+    await database?.drop();
+  });
+  // A statement that depends on the table's column list: exactly what the service's SQL no longer does.
+  const readAll = `SELECT * FROM schema_probe WHERE id = $1`;
+  const prepared = async () => (await dataSource.query<{ n: number }[]>(`SELECT count(*)::int AS n FROM pg_prepared_statements`))[0].n;
+
+  it("a transaction's first batch is sent again after the connection's statements are discarded: the caller never sees the error", async () => {
+    const db = await open();
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+    expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one' }]);
+    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one', added: null }]);
+    await check.query(`ALTER TABLE schema_probe DROP COLUMN note`);
+    expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, added: null }]);
+  });
+
+  it('after a later batch the transaction fails with the 0A000 (answered 503), nothing of it is kept, and the connection works again', async () => {
+    const db = await open();
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+    const failing = db.transaction(async () => {
+      await db.query(`INSERT INTO schema_probe (id, note) VALUES ($1, $2)`, [2, 'rolled back']);
+      return db.query(readAll, [1]);
+    });
+    await expect(failing).rejects.toMatchObject({ code: '0A000' });
+    await failing.catch((err: unknown) => expect(isCachedPlanInvalidated(err)).toBe(true));
+    expect((await check.query(`SELECT id FROM schema_probe ORDER BY id`)).rows).toEqual([{ id: 1 }]);
+    expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one', added: null }]);
+  });
+
+  it('with DATABASE_PREPARED_STATEMENTS=false nothing is prepared on the server, and a schema change costs no error at all', async () => {
+    const failures = jest.spyOn(Database.prototype as unknown as { discardStatements(): Promise<void> }, 'discardStatements');
+    try {
+      const db = await open({ DATABASE_PREPARED_STATEMENTS: 'false' });
+      expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+      await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+      expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one', added: null }]);
+      expect(await prepared()).toBe(0);
+      expect(failures).not.toHaveBeenCalled();
+    } finally {
+      failures.mockRestore();
+    }
+  });
+
+  it('with named statements on (the default) they are prepared once per connection', async () => {
+    const db = await open();
+    await db.query(readAll, [1]);
+    await db.query(readAll, [1]);
+    expect(await prepared()).toBe(1);
   });
 });

@@ -20,4 +20,13 @@ describe('toProblem', () => {
       expect(problem).toEqual({ type: 'about:blank', title: 'Internal Server Error', status: 500, detail: expect.not.stringMatching(/boom|upstream/) });
     }
   });
+
+  it('answers a statement a schema change invalidated (0A000 cached plan) with 503 + Retry-After, not 500', () => {
+    const pgError = { severity: 'ERROR', code: '0A000', message: 'cached plan must not change result type' };
+    const { problem, headers } = toProblem(pgError);
+    expect(problem).toMatchObject({ type: 'urn:idempotent-orders:problem:schema-changed', status: 503 });
+    expect(headers['Retry-After']).toMatch(/^\d+$/);
+    // Another feature_not_supported is a bug of ours, not a schema change.
+    expect(toProblem({ severity: 'ERROR', code: '0A000', message: 'FOR UPDATE is not allowed with aggregate functions' }).problem.status).toBe(500);
+  });
 });

@@ -1,7 +1,7 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
 import { PoolExhaustedError } from '../database/database.service.js';
-import { isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
+import { isCachedPlanInvalidated, isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
 /** Seconds to wait before retrying after a lock conflict or a full pool: long enough for most requests in the way to finish. */
@@ -41,6 +41,12 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
     return {
       problem: ProblemException.of(503, 'database-unavailable', 'Database unavailable', 'The database cannot be reached right now. Retry shortly with the same Idempotency-Key: a write that did happen is replayed, not repeated.').problem,
       headers: { 'Retry-After': String(DATABASE_RETRY_AFTER_SECONDS) },
+    };
+  }
+  if (isCachedPlanInvalidated(exception)) {
+    return {
+      problem: ProblemException.of(503, 'schema-changed', 'Schema changed', 'The database schema changed under this request and it was rolled back. Retry shortly with the same Idempotency-Key.').problem,
+      headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
     };
   }
   if (isDataException(exception)) {

@@ -23,6 +23,11 @@ export interface AppConfig {
   idempotencyReplayCacheEntries: number;
   databasePoolSize: number;
   databasePoolWaitMs: number;
+  /**
+   * DATABASE_PREPARED_STATEMENTS: named (server-side prepared) statements. Unset: on, unless the
+   * connection looks pooled (then start-up asks for a choice); false behind a pooler that cannot keep them.
+   */
+  databasePreparedStatements?: boolean;
   submitTokenTtlSeconds: number;
   pspBaseUrl?: string;
   pspTimeoutMs: number;
@@ -167,6 +172,23 @@ function reconcileInterval(env: Env): number {
   return ms;
 }
 
+/** PgBouncer's default port: a URL on it with named statements left at their default is almost surely a mistake. */
+const PGBOUNCER_PORT = '6432';
+
+function preparedStatements(env: Env, databaseUrl: string | undefined): boolean | undefined {
+  if (env.DATABASE_PREPARED_STATEMENTS === undefined || env.DATABASE_PREPARED_STATEMENTS === '') {
+    if (databaseUrl && new URL(databaseUrl).port === PGBOUNCER_PORT) {
+      throw new ConfigError(
+        'DATABASE_PREPARED_STATEMENTS',
+        `must be set when DATABASE_URL is on port ${PGBOUNCER_PORT} (PgBouncer's): false for a transaction pooler that cannot keep named statements (PgBouncer before 1.21), true for one that can (max_prepared_statements) or for PostgreSQL itself`,
+        '',
+      );
+    }
+    return undefined;
+  }
+  return boolean(env, 'DATABASE_PREPARED_STATEMENTS', true);
+}
+
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
 /** Where the database is: all the migration CLI needs (it serves no request, so no API or webhook secret). */
@@ -236,6 +258,7 @@ export function loadConfig(env: Env = process.env): AppConfig {
     databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 20, 2, 500),
     // A request that cannot get a connection this fast is told to come back (503) instead of queueing without end.
     databasePoolWaitMs: integer(env, 'DATABASE_POOL_WAIT_MS', 5_000, 1, 60_000),
+    databasePreparedStatements: preparedStatements(env, databaseUrl),
     // 10 min: a form is filled in and submitted well within it; an abandoned token soon stops counting.
     submitTokenTtlSeconds: integer(env, 'SUBMIT_TOKEN_TTL_SECONDS', 600, 1, 86_400),
     pspBaseUrl: url(env, 'PSP_BASE_URL', ['http:', 'https:']),

@@ -1,9 +1,12 @@
-import { Injectable, Logger } from '@nestjs/common';
+import { Inject, Injectable, Logger, type OnApplicationBootstrap } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Pool, PoolClient, QueryConfig } from 'pg';
 import { DataSource } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
-import { isDatabaseUnavailable } from './pg-errors.js';
+import type { AppConfig } from '../config/app-config.js';
+import { APP_CONFIG } from '../config/config.module.js';
+import { isCachedPlanInvalidated, isDatabaseUnavailable } from './pg-errors.js';
+import { poolerSuspicion } from './pooler-check.js';
 
 /**
  * How many distinct statement texts get a name (a server-side prepared statement on each
@@ -17,7 +20,9 @@ const MAX_NAMED_STATEMENTS = 500;
  * pool or connection runs it. A named statement is parsed and planned once per connection, then
  * only bound and executed: the hot path's statements are the same few texts every request, and
  * parsing them again each time costs PostgreSQL CPU on the 2 cores it shares with this process.
- * PostgreSQL re-plans a prepared statement by itself when the schema under it changes.
+ * PostgreSQL re-plans a prepared statement when the schema under it changes, but it refuses one whose
+ * result columns changed (0A000): every statement names its columns, and `Database` recovers a 0A000
+ * (see `send`) for a schema change a statement still depends on.
  */
 const statementNames = new Map<string, string>();
 
@@ -31,6 +36,53 @@ function namedStatement(text: string, values: unknown[]): string | QueryConfig {
     statementNames.set(text, name);
   }
   return { name, text, values };
+}
+
+/** Unnamed: parsed on every run, so no state is left on the server connection (what a transaction pooler needs). */
+function unnamedStatement(text: string, values: unknown[]): string | QueryConfig {
+  return values.length === 0 ? text : { text, values };
+}
+
+/** A statement a statement cache over 0A000 is discarded with: the connection's prepared statements, all of them. */
+const DISCARD_STATEMENTS = 'DEALLOCATE ALL';
+
+/**
+ * What every transaction of the service runs under. They ride with each transaction (SET LOCAL, in
+ * the same message as BEGIN) rather than with the session: through a transaction pooler a session
+ * is shared by whoever runs next, and PgBouncer refuses them as startup `options`.
+ */
+export interface TransactionSettings {
+  /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */
+  lockTimeoutMs: number;
+  statementTimeoutMs: number;
+  idleInTransactionTimeoutMs: number;
+  /** Named (server-side prepared) statements: off behind a pooler that cannot keep them. */
+  preparedStatements: boolean;
+}
+
+/** What Database reads of the service's configuration. */
+export type DatabaseSettingsConfig = Pick<AppConfig, 'databaseUrl' | 'idempotencyWaitMs' | 'databasePreparedStatements'>;
+
+export function transactionSettings(config: DatabaseSettingsConfig): TransactionSettings {
+  return {
+    // lock_timeout 0 would mean "wait forever": a zero wait is the shortest one PostgreSQL can do.
+    lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1),
+    // 30 s: far past any request's own budget; only a runaway statement reaches it.
+    statementTimeoutMs: 30_000,
+    // 60 s: a transaction left open by a stuck process stops holding its row locks.
+    idleInTransactionTimeoutMs: 60_000,
+    preparedStatements: config.databasePreparedStatements ?? true,
+  };
+}
+
+/** BEGIN and the settings, one simple-protocol message (several commands, no parameters): no round trip of their own. */
+function beginStatement(settings: TransactionSettings): string {
+  return [
+    'BEGIN',
+    `SET LOCAL lock_timeout = ${Math.trunc(settings.lockTimeoutMs)}`,
+    `SET LOCAL statement_timeout = ${Math.trunc(settings.statementTimeoutMs)}`,
+    `SET LOCAL idle_in_transaction_session_timeout = ${Math.trunc(settings.idleInTransactionTimeoutMs)}`,
+  ].join('; ');
 }
 
 /** Every pooled connection stayed busy for DATABASE_POOL_WAIT_MS: the service is overloaded, retry shortly. */
@@ -52,25 +104,32 @@ interface OpenTransaction {
   client: PoolClient;
   /** False until BEGIN has been sent: a transaction that makes no query costs no round trip at all. */
   begun: boolean;
+  /** True once a batch has answered: `fn` has seen rows, so a failed batch can no longer simply be sent again. */
+  answered: boolean;
   /** Sent, in order, in the same write as the next statement (or the COMMIT). */
   deferred: Deferred[];
 }
 
+const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
+
 /**
  * SQL in the current transaction. `transaction(fn)` opens one and every `query` made while `fn`
  * runs — in this service or any other — joins it, so an interceptor can claim an idempotency key,
- * let the handler write, and record the response in ONE commit.
+ * let the handler write, and record the response in ONE commit. A `query` outside one is a
+ * transaction of its own (BEGIN, the statement and COMMIT in one write).
  *
  * Round trips are the cost that matters on a small machine (each is a write to the socket and a
  * wake-up of a PostgreSQL backend), so a transaction sends what it can together, over a pipelined
  * connection (pg's `pipeline` mode: each statement keeps its own result and error):
- * - BEGIN goes out with the transaction's first statement;
+ * - BEGIN, with the transaction's settings (SET LOCAL), goes out with the transaction's first statement;
  * - `defer(sql)` queues a statement whose result nobody reads (a SAVEPOINT, recording a response):
  *   it goes out with the next statement, or with the COMMIT;
  * so an idempotent create is three round trips: BEGIN + claim, SAVEPOINT + insert, record + COMMIT.
  * The order of statements, and so every guarantee, is exactly that of sending them one by one; a
  * batch's first error is the one thrown (the statements after it fail only because it aborted the
- * transaction).
+ * transaction). Nothing is left on a server connection between transactions, so a transaction
+ * pooler (PgBouncer in transaction mode) can hand it to another client: with named statements off
+ * (DATABASE_PREPARED_STATEMENTS=false), not even a prepared statement.
  *
  * It talks to TypeORM's own `pg` pool directly: the hot path is hand-written SQL, and TypeORM's
  * QueryRunner per statement costs CPU the 2-core benchmark machine shares with PostgreSQL.
@@ -83,18 +142,39 @@ interface OpenTransaction {
  * its own, and a client whose connection broke is released with the error, so the pool drops it.
  */
 @Injectable()
-export class Database {
+export class Database implements OnApplicationBootstrap {
   private readonly logger = new Logger('Database');
   private readonly current = new AsyncLocalStorage<OpenTransaction>();
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
   private readonly guarded = new WeakSet<PoolClient>();
   private readonly onClientError = (err: Error) =>
     this.logger.warn({ err }, 'a database connection in use failed; it is dropped when released');
+  private readonly settings: TransactionSettings;
+  private readonly begin: Deferred;
+  private readonly statement: (text: string, values: unknown[]) => string | QueryConfig;
 
-  constructor(private readonly dataSource: DataSource) {}
+  constructor(
+    private readonly dataSource: DataSource,
+    @Inject(APP_CONFIG) private readonly config: DatabaseSettingsConfig,
+  ) {
+    this.settings = transactionSettings(config);
+    this.begin = { sql: beginStatement(this.settings), params: [] };
+    this.statement = this.settings.preparedStatements ? namedStatement : unnamedStatement;
+  }
 
   private get pool(): Pool {
     return (this.dataSource.driver as PostgresDriver).master as Pool;
+  }
+
+  /**
+   * Refuses to start when named statements were left at their default and the server that answers
+   * is not the one DATABASE_URL names (a pooler in between, most likely): the choice must be made.
+   */
+  async onApplicationBootstrap(): Promise<void> {
+    if (this.config.databasePreparedStatements !== undefined || !this.config.databaseUrl) return;
+    const [{ port }] = await this.query<{ port: number | null }>('SELECT inet_server_port() AS port');
+    const suspicion = poolerSuspicion(this.config.databaseUrl, port);
+    if (suspicion) throw suspicion;
   }
 
   /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
@@ -104,16 +184,11 @@ export class Database {
       const results = await this.send(open, [...this.takeDeferred(open), { sql, params }]);
       return results[results.length - 1] as T[];
     }
-    const client = await this.connect();
-    let broken: Error | undefined;
-    try {
-      return (await client.query(namedStatement(sql, params), params)).rows as T[];
-    } catch (err) {
-      if (isDatabaseUnavailable(err)) broken = err as Error;
-      throw err;
-    } finally {
-      client.release(broken);
-    }
+    return this.inTransaction(async (alone) => {
+      const results = await this.send(alone, [...this.takeDeferred(alone), { sql, params }, COMMIT]);
+      alone.begun = false;
+      return results[results.length - 2] as T[];
+    });
   }
 
   /**
@@ -122,6 +197,12 @@ export class Database {
    */
   defer(sql: string, params: unknown[] = []): void {
     this.openTransaction('defer').deferred.push({ sql, params });
+  }
+
+  /** Bounds the current transaction's lock waits from its next statement on; without `ms`, back to the service's lock_timeout. */
+  setLockTimeout(ms?: number): void {
+    // lock_timeout 0 means "no limit": one millisecond is the shortest wait PostgreSQL can do.
+    this.defer(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.ceil(ms ?? this.settings.lockTimeoutMs))}ms`]);
   }
 
   /** A point the current transaction can return to (sent with the next statement). */
@@ -144,9 +225,47 @@ export class Database {
   }
 
   private takeDeferred(open: OpenTransaction): Deferred[] {
-    const taken: Deferred[] = open.begun ? [] : [{ sql: 'BEGIN', params: [] }];
+    const taken: Deferred[] = open.begun ? [] : [this.begin];
     open.begun = true;
     return taken.concat(open.deferred.splice(0));
+  }
+
+  /**
+   * Sends the statements of one batch and waits for all of them; their rows, in order, or the first error.
+   *
+   * A 0A000 "cached plan must not change result type" means a schema change altered the result of a
+   * named statement this connection had prepared: its cache is discarded (DEALLOCATE ALL, and pg
+   * forgets the names), so every later use parses afresh. The batch is then sent once more only
+   * when it was the transaction's FIRST: an error aborted the transaction, so nothing it did was
+   * committed, and `fn` has seen no result yet, so nothing it decided depends on the failed try —
+   * sending the same batch again is the same as the first try never having happened. After a later
+   * batch, `fn` acted on earlier results; the error propagates (503, retryable) instead.
+   */
+  private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
+    const first = !open.answered;
+    try {
+      return await this.write(open.client, statements);
+    } catch (err) {
+      if (!isCachedPlanInvalidated(err)) throw err;
+      this.logger.warn(`a schema change invalidated prepared statements (${(err as Error).message}); this connection discards them`);
+      await this.discardStatements(open);
+      if (!first) throw err;
+      open.begun = true;
+      return await this.write(open.client, statements);
+    } finally {
+      open.answered = true;
+    }
+  }
+
+  /** Ends the aborted transaction and drops the connection's prepared statements, in one write. */
+  private async discardStatements(open: OpenTransaction): Promise<void> {
+    await this.write(open.client, [{ sql: 'ROLLBACK', params: [] }, { sql: DISCARD_STATEMENTS, params: [] }]);
+    open.begun = false;
+    // pg's own record of what it prepared on this connection (not public API): without it, pg would
+    // bind the names it believes exist. Should it be missing, the connection is not reused.
+    const connection = (open.client as unknown as { connection?: { parsedStatements?: Record<string, string> } }).connection;
+    if (connection?.parsedStatements) connection.parsedStatements = {};
+    else throw new Error('cannot reset the statement cache of this connection');
   }
 
   /**
@@ -154,13 +273,13 @@ export class Database {
    * of them; their rows, in order, or the first error. Waiting for all keeps the connection's
    * queue empty whatever fails, so it can be rolled back and released.
    */
-  private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
+  private async write(client: PoolClient, statements: Deferred[]): Promise<unknown[][]> {
     // pg's own socket (not public API: without it the statements still go out in order, one write each).
-    const stream = (open.client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection?.stream;
+    const stream = (client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection?.stream;
     stream?.cork?.();
     let pending: Promise<{ rows: unknown[] }>[];
     try {
-      pending = statements.map(({ sql, params }) => open.client.query(namedStatement(sql, params), params));
+      pending = statements.map(({ sql, params }) => client.query(this.statement(sql, params), params));
     } finally {
       stream?.uncork?.();
     }
@@ -193,18 +312,29 @@ export class Database {
   /** Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves, rolls back when it throws. */
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
-    const client = await this.connect();
-    const open: OpenTransaction = { client, begun: false, deferred: [] };
-    let broken: Error | undefined;
-    try {
+    return this.inTransaction(async (open) => {
       const result = await this.current.run(open, fn);
       // Nothing sent and nothing queued: there is no transaction to end.
-      if (open.begun || open.deferred.length > 0) await this.send(open, [...this.takeDeferred(open), { sql: 'COMMIT', params: [] }]);
+      if (open.begun || open.deferred.length > 0) {
+        await this.send(open, [...this.takeDeferred(open), COMMIT]);
+        open.begun = false;
+      }
       return result;
+    });
+  }
+
+  /** A connection for `fn`'s transaction; rolled back when `fn` throws with the transaction still open, then released. */
+  private async inTransaction<T>(fn: (open: OpenTransaction) => Promise<T>): Promise<T> {
+    const client = await this.connect();
+    const open: OpenTransaction = { client, begun: false, answered: false, deferred: [] };
+    let broken: Error | undefined;
+    try {
+      return await fn(open);
     } catch (err) {
+      if (isDatabaseUnavailable(err)) broken = err as Error;
       // A connection that cannot even roll back is dropped, not handed to the next request.
-      // (After a failed COMMIT the transaction is over already; ROLLBACK then only warns.)
-      if (open.begun) {
+      // (After a failed COMMIT the transaction is over already: the server says so, nothing is sent.)
+      else if (open.begun && client.getTransactionStatus() !== 'I') {
         await client.query('ROLLBACK').catch((rollbackError: unknown) => {
           broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
         });

@@ -12,6 +12,8 @@ export const PG = {
   crashShutdown: '57P02',
   /** The server is starting up, shutting down or in recovery: connections are refused for now. */
   cannotConnectNow: '57P03',
+  /** feature_not_supported: among others, a prepared statement whose result columns a schema change altered. */
+  featureNotSupported: '0A000',
 } as const;
 
 /** SQLSTATE class 08, connection exceptions (the connection failed or was lost). */
@@ -30,6 +32,7 @@ const LOST_CONNECTION_MESSAGES = [/^Connection terminated\b/, /^Client has encou
 interface DriverError {
   code?: string;
   constraint?: string;
+  message?: string;
 }
 
 function driverError(err: unknown): DriverError | undefined {
@@ -61,6 +64,17 @@ export function isDataException(err: unknown): boolean {
 export function isTransientConflict(err: unknown): boolean {
   const code = pgErrorCode(err);
   return code === PG.lockNotAvailable || code === PG.deadlockDetected || code === PG.serializationFailure;
+}
+
+/**
+ * "cached plan must not change result type": a column was added, dropped or retyped under a named
+ * statement this connection prepared, and the statement's result would change. Every later use of it
+ * on that connection fails the same way until its statement cache is discarded (Database does).
+ * Nothing of the failed transaction was committed: answered 503, the retry succeeds.
+ */
+export function isCachedPlanInvalidated(err: unknown): boolean {
+  const e = driverError(err);
+  return e?.code === PG.featureNotSupported && e.message !== undefined && e.message.startsWith('cached plan must not change result type');
 }
 
 /** `err` and what it wraps: TypeORM's driverError, an Error's cause, an AggregateError's errors (a connect tried on several addresses). */

@@ -13,8 +13,13 @@ import { migrations } from '../../migrations/index.js';
 export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund, ProcessedWebhookEvent, LateChargeRefund];
 
 export interface DatabaseTuning {
-  /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */
-  lockTimeoutMs: number;
+  /**
+   * A session lock_timeout (and statement and idle-in-transaction timeouts) for every connection of
+   * the pool, sent as the startup `options`: for tools on a direct connection (the migration CLI,
+   * tests, the bench). The service passes none: its settings ride with each transaction
+   * (Database), since a transaction pooler such as PgBouncer refuses startup `options`.
+   */
+  lockTimeoutMs?: number;
   poolSize?: number;
   /** How long a request waits for a free connection before failing with PoolExhaustedError. */
   poolWaitMs?: number;
@@ -35,8 +40,9 @@ export function typeormOptions(url: string, tuning: DatabaseTuning): DataSourceO
     extra: {
       max: tuning.poolSize ?? 20,
       connectionTimeoutMillis: tuning.poolWaitMs ?? 0,
-      // A request stuck behind a lock longer than a client would wait is better told to retry (409).
-      options: `-c lock_timeout=${tuning.lockTimeoutMs} -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000`,
+      ...(tuning.lockTimeoutMs === undefined
+        ? {}
+        : { options: `-c lock_timeout=${tuning.lockTimeoutMs} -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000` }),
       application_name: 'idempotent-orders',
       // Statements sent together are not each held back for the previous one's answer (Database.send).
       pipeline: true,

@@ -111,16 +111,15 @@ export class IdempotencyKeysService {
   /**
    * Must run inside the transaction that will also hold the handler's writes and the response.
    * `lockWaitMs`: what is left of this request's wait for a request in flight with the same key
-   * (the session's lock_timeout, IDEMPOTENCY_WAIT_MS, when not given). It bounds the claim's lock
-   * waits only; the handler's own lock waits keep the session's lock_timeout.
+   * (the transaction's lock_timeout, IDEMPOTENCY_WAIT_MS, when not given). It bounds the claim's lock
+   * waits only; the handler's own lock waits keep the transaction's lock_timeout.
    */
   async claimKey(scope: KeyScope, lockWaitMs?: number): Promise<Claim> {
-    // lock_timeout 0 means "no limit": one millisecond is the shortest wait PostgreSQL can do.
     // Both settings ride along with the statements next to them: no round trip of their own.
-    if (lockWaitMs !== undefined) this.db.defer(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.ceil(lockWaitMs))}ms`]);
+    if (lockWaitMs !== undefined) this.db.setLockTimeout(lockWaitMs);
     const claim = await this.claim(scope);
     // Not reached when a claim statement failed: the transaction is aborted and rolls back anyway.
-    if (lockWaitMs !== undefined) this.db.defer(`SET LOCAL lock_timeout TO DEFAULT`);
+    if (lockWaitMs !== undefined) this.db.setLockTimeout();
     return claim;
   }
 
