@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { freePort } from '../../src/common/free-port';
 import { startEmbeddedPostgres } from '../../src/database/embedded-postgres';
+import { startPgBouncer } from './pgbouncer';
 import type { TestRun } from './test-run';
 
 export default async function globalSetup(): Promise<void> {
@@ -21,11 +22,16 @@ export default async function globalSetup(): Promise<void> {
       run.server = await startEmbeddedPostgres({ dir: join(run.dir, 'pg'), port: await freePort(), fast: true });
       run.adminUrl = run.server.url;
     }
+    if (process.env.TEST_PGBOUNCER === '1') {
+      run.pooler = await startPgBouncer(run.adminUrl, await freePort());
+      process.env.TEST_POOLER_PORT = String(run.pooler.port);
+    }
     (globalThis as { __testRun?: TestRun }).__testRun = run;
     process.env.TEST_ADMIN_URL = run.adminUrl;
     process.env.TEST_RUN_ID = run.id;
   } catch (err) {
     // Jest skips globalTeardown when setup throws: clean up here.
+    await run.pooler?.stop().catch(() => undefined);
     await run.server?.stop().catch(() => undefined);
     if (run.dir) await rm(run.dir, { recursive: true, force: true });
     throw err;

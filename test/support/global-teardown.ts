@@ -23,6 +23,7 @@ export default async function globalTeardown(): Promise<void> {
       }
     }
   } finally {
+    await run.pooler?.stop().catch(() => undefined);
     await run.server?.stop();
     if (run.dir) await rm(run.dir, { recursive: true, force: true });
   }

@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { resolve } from 'node:path';
+import { throughPooler } from './test-run';
 
 const MAIN = resolve(process.cwd(), 'dist/src/main.js');
 /** Required with DATABASE_URL (the dev default is refused there); a test may override it, or pass '' to leave it unset. */
@@ -19,7 +20,7 @@ export interface ServiceProcess {
 /** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it. */
 export async function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
   const child = spawn(process.execPath, [MAIN], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env },
+    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env, ...(env.DATABASE_URL ? throughPooler(env.DATABASE_URL) : {}) },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';

@@ -4,7 +4,7 @@ import { type AppConfig, loadConfig } from '../../src/config/app-config';
 import { typeormOptions } from '../../src/database/typeorm-options';
 import { createHttpApp } from '../../src/http-app';
 import { DataSource } from 'typeorm';
-import { databaseUrl, templateDatabase, testDatabasePrefix } from './test-run';
+import { databaseUrl, templateDatabase, testDatabasePrefix, throughPooler } from './test-run';
 
 export const ALICE = { clientId: 'alice', secret: 'alice-secret-0123456789' };
 export const BOB = { clientId: 'bob', secret: 'bob-secret-0123456789' };
@@ -124,7 +124,8 @@ export async function startTestApp(env: Record<string, string> = {}, options: Te
     await database.drop();
   };
   try {
-    const started = await createHttpApp({ config: testConfig(database.url, env), databaseUrl: database.url });
+    const config = testConfig(database.url, { ...throughPooler(database.url), ...env });
+    const started = await createHttpApp({ config, databaseUrl: config.databaseUrl! });
     app = started;
     await started.listen(0, '127.0.0.1');
     const { port } = started.getHttpServer().address() as { port: number };

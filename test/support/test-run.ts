@@ -1,4 +1,5 @@
 import type { EmbeddedServer } from '../../src/database/embedded-postgres';
+import type { PgBouncer } from './pgbouncer';
 
 /** Databases of one run share its id, so a run on a shared DATABASE_URL server cleans up only its own. */
 export const testDatabasePrefix = (runId: string) => `io_test_${runId}_`;
@@ -17,4 +18,20 @@ export interface TestRun {
   adminUrl: string;
   server?: EmbeddedServer;
   dir?: string;
+  /** TEST_PGBOUNCER=1: the pooler the services under test reach the database through. */
+  pooler?: PgBouncer;
+}
+
+/**
+ * With TEST_PGBOUNCER=1 (globalSetup then starts one and sets TEST_POOLER_PORT), what a service under
+ * test is given instead of `directUrl`: the same database through PgBouncer in transaction mode, with
+ * named statements off, as a deployment behind it runs. The tests' own checks keep the direct URL.
+ */
+export function throughPooler(directUrl: string): Record<string, string> {
+  const port = process.env.TEST_POOLER_PORT;
+  if (!port) return {};
+  const url = new URL(directUrl);
+  url.hostname = '127.0.0.1';
+  url.port = port;
+  return { DATABASE_URL: url.toString(), DATABASE_PREPARED_STATEMENTS: 'false' };
 }
