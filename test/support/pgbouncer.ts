@@ -20,8 +20,10 @@ export interface PgBouncer {
   port: number;
   /** The same database, user and password as `directUrl`, through the pooler. */
   pooledUrl(directUrl: string): string;
-  /** Stops the pooler and starts it again on the same port: every client connection is cut. */
-  restart(): Promise<void>;
+  /** Stops the pooler (SIGTERM: every client connection is cut at once); `start` brings it back on the same port. */
+  down(): Promise<void>;
+  start(): Promise<void>;
+  /** Stops it for good and removes its files. */
   stop(): Promise<void>;
 }
 
@@ -127,10 +129,8 @@ export async function startPgBouncer(serverUrl: string, port: number): Promise<P
       url.port = String(port);
       return url.toString();
     },
-    restart: async () => {
-      await stop();
-      await start();
-    },
+    down: stop,
+    start,
     stop: async () => {
       try {
         await stop();

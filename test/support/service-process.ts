@@ -20,7 +20,7 @@ export interface ServiceProcess {
 /** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it. */
 export async function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
   const child = spawn(process.execPath, [MAIN], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env, ...(env.DATABASE_URL ? throughPooler(env.DATABASE_URL) : {}) },
+    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env, ...(env.DATABASE_URL ? throughPooler(env.DATABASE_URL, env) : {}) },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';

@@ -124,7 +124,7 @@ export async function startTestApp(env: Record<string, string> = {}, options: Te
     await database.drop();
   };
   try {
-    const config = testConfig(database.url, { ...throughPooler(database.url), ...env });
+    const config = testConfig(database.url, { ...env, ...throughPooler(database.url, env) });
     const started = await createHttpApp({ config, databaseUrl: config.databaseUrl! });
     app = started;
     await started.listen(0, '127.0.0.1');

@@ -27,9 +27,10 @@ export interface TestRun {
  * test is given instead of `directUrl`: the same database through PgBouncer in transaction mode, with
  * named statements off, as a deployment behind it runs. The tests' own checks keep the direct URL.
  */
-export function throughPooler(directUrl: string): Record<string, string> {
+export function throughPooler(directUrl: string, env: Record<string, string> = {}): Record<string, string> {
   const port = process.env.TEST_POOLER_PORT;
-  if (!port) return {};
+  // A test that chose DATABASE_PREPARED_STATEMENTS chose its connection too.
+  if (!port || env.DATABASE_PREPARED_STATEMENTS !== undefined) return {};
   const url = new URL(directUrl);
   url.hostname = '127.0.0.1';
   url.port = port;
