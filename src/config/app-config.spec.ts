@@ -16,6 +16,7 @@ const VARIABLES = [
   'IDEMPOTENCY_REPLAY_CACHE_ENTRIES',
   'DATABASE_POOL_SIZE',
   'DATABASE_POOL_WAIT_MS',
+  'DATABASE_PREPARED_STATEMENTS',
   'SUBMIT_TOKEN_TTL_SECONDS',
   'PSP_BASE_URL',
   'PSP_TIMEOUT_MS',
@@ -179,6 +180,7 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['PORT', { PORT: '80.5' }],
     ['DATABASE_URL', { DATABASE_URL: 'not-a-url', API_KEYS: KEYS }],
     ['DATABASE_URL', { DATABASE_URL: 'http://x', API_KEYS: KEYS }],
+    ['DATABASE_PREPARED_STATEMENTS', { DATABASE_PREPARED_STATEMENTS: 'yes' }],
     ['API_KEYS', { API_KEYS: 'alice' }],
     ['API_KEYS', { API_KEYS: ':alice-secret-0123456789' }],
     ['API_KEYS', { API_KEYS: 'al ice:alice-secret-0123456789' }],
@@ -342,5 +344,23 @@ describe('loadConfig: a secret never appears in an error message', () => {
     const err = configError({ API_KEYS: `alice:${SECRET},bob:short` });
     expect(err.message).toContain('API_KEYS');
     expect(err.message).not.toContain(SECRET);
+  });
+});
+
+describe('loadConfig: DATABASE_PREPARED_STATEMENTS', () => {
+  it('unset: on by default (undefined: nobody chose), true or false when set, nothing else', () => {
+    expect(loadConfig(REAL).databasePreparedStatements).toBeUndefined();
+    expect(loadConfig({ ...REAL, DATABASE_PREPARED_STATEMENTS: 'false' }).databasePreparedStatements).toBe(false);
+    expect(loadConfig({ ...REAL, DATABASE_PREPARED_STATEMENTS: 'true' }).databasePreparedStatements).toBe(true);
+    expect(configError({ ...REAL, DATABASE_PREPARED_STATEMENTS: 'off' }).variable).toBe('DATABASE_PREPARED_STATEMENTS');
+  });
+
+  it("unset with DATABASE_URL on PgBouncer's port 6432: refused, naming the variable; either choice is accepted", () => {
+    const pooled = { ...REAL, DATABASE_URL: 'postgres://app:pw@pgbouncer:6432/orders' };
+    const err = configError(pooled);
+    expect(err.variable).toBe('DATABASE_PREPARED_STATEMENTS');
+    expect(err.message).toContain('6432');
+    expect(loadConfig({ ...pooled, DATABASE_PREPARED_STATEMENTS: 'false' }).databasePreparedStatements).toBe(false);
+    expect(loadConfig({ ...pooled, DATABASE_PREPARED_STATEMENTS: 'true' }).databasePreparedStatements).toBe(true);
   });
 });
