@@ -14,7 +14,7 @@ async function bootstrap(): Promise<void> {
   takeOverSignals();
 
   const app = await createHttpApp({ config, databaseUrl: database.url });
-  const applied = await applyMigrations(app.get(DataSource));
+  const applied = await applyMigrations(app.get(DataSource), config.databaseMigrationUrl);
   await app.listen(config.port, '0.0.0.0');
   // The bound port, which differs from PORT when PORT=0 (tests ask for any free port).
   const { port } = app.getHttpServer().address() as { port: number };

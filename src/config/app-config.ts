@@ -11,6 +11,8 @@ export interface AppConfig {
   port: number;
   /** Unset: the service starts an embedded PostgreSQL in `embeddedPgDir`. */
   databaseUrl?: string;
+  /** DATABASE_MIGRATION_URL: a direct connection for the migrations (and their lock) when DATABASE_URL goes through a pooler. */
+  databaseMigrationUrl?: string;
   embeddedPgDir: string;
   embeddedPgPort: number;
   apiClients: ApiClient[];
@@ -192,11 +194,17 @@ function preparedStatements(env: Env, databaseUrl: string | undefined): boolean 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
 /** Where the database is: all the migration CLI needs (it serves no request, so no API or webhook secret). */
-export type DatabaseConfig = Pick<AppConfig, 'databaseUrl' | 'embeddedPgDir' | 'embeddedPgPort'>;
+export type DatabaseConfig = Pick<AppConfig, 'databaseUrl' | 'databaseMigrationUrl' | 'embeddedPgDir' | 'embeddedPgPort'>;
 
 export function loadDatabaseConfig(env: Env = process.env): DatabaseConfig {
+  const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']);
+  const databaseMigrationUrl = url(env, 'DATABASE_MIGRATION_URL', ['postgres:', 'postgresql:']);
+  if (databaseMigrationUrl && !databaseUrl) {
+    throw new ConfigError('DATABASE_MIGRATION_URL', 'needs DATABASE_URL (the embedded database is reached directly)', printableUrl(databaseMigrationUrl));
+  }
   return {
-    databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']),
+    databaseUrl,
+    databaseMigrationUrl,
     embeddedPgDir: env.EMBEDDED_PG_DIR || '.data/postgres',
     // 54329: next to PostgreSQL's 5432 but off it, so a local server on 5432 does not collide.
     embeddedPgPort: integer(env, 'EMBEDDED_PG_PORT', 54329, 1024, 65535),
@@ -204,7 +212,7 @@ export function loadDatabaseConfig(env: Env = process.env): DatabaseConfig {
 }
 
 export function loadConfig(env: Env = process.env): AppConfig {
-  const { databaseUrl, embeddedPgDir, embeddedPgPort } = loadDatabaseConfig(env);
+  const { databaseUrl, databaseMigrationUrl, embeddedPgDir, embeddedPgPort } = loadDatabaseConfig(env);
   const rawKeys = env.API_KEYS?.trim();
   if (!rawKeys && databaseUrl) {
     // The dev key is published in the README: it must never guard a real database.
@@ -243,6 +251,7 @@ export function loadConfig(env: Env = process.env): AppConfig {
     // 3000: what a Nest (or any Node) developer tries first. 0 = any free port (tests).
     port: integer(env, 'PORT', 3000, 0, 65535),
     databaseUrl,
+    databaseMigrationUrl,
     embeddedPgDir,
     embeddedPgPort,
     apiClients: rawKeys ? apiClients(rawKeys) : [DEV_API_CLIENT],

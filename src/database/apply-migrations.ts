@@ -1,7 +1,8 @@
 import { Client, type Pool } from 'pg';
-import type { DataSource, MigrationInterface } from 'typeorm';
+import { DataSource, type DataSourceOptions, type MigrationInterface } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 import { PG, pgErrorCode } from './pg-errors.js';
+import { poolerSuspicion } from './pooler-check.js';
 
 // Any fixed number: every instance of this service takes the same advisory lock.
 const MIGRATION_LOCK = 7_400_101;
@@ -36,18 +37,37 @@ function boundLockWaits(dataSource: DataSource): void {
 
 /**
  * Applies pending migrations; several instances starting at once take turns instead of racing.
- *
- * The advisory lock is held by a transaction on a connection of its own, outside the pool, ended
- * afterwards: it waits for another instance's migrations however long they take (no lock_timeout,
- * no statement_timeout, for that transaction only). Transaction-scoped, so it holds through a
- * transaction pooler too (PgBouncer keeps a server connection for the whole transaction; a session
- * lock would stay behind on whichever server connection took it).
+ * `migrationUrl` (DATABASE_MIGRATION_URL): a direct connection to PostgreSQL when `dataSource`
+ * reaches it through a transaction pooler; the migrations and their lock then use it.
+ */
+export async function applyMigrations(dataSource: DataSource, migrationUrl?: string): Promise<string[]> {
+  if (migrationUrl === undefined) return migrateUnderLock(dataSource, false);
+  const { extra } = dataSource.options as { extra?: Record<string, unknown> };
+  // Two connections: the lock holder's and the one TypeORM migrates on.
+  const direct = new DataSource({ ...dataSource.options, url: migrationUrl, extra: { ...extra, max: 1 } } as DataSourceOptions);
+  await direct.initialize();
+  try {
+    return await migrateUnderLock(direct, true);
+  } finally {
+    await direct.destroy();
+  }
+}
+
+/**
+ * The advisory lock is held on a connection of its own, outside the pool, closed afterwards: it
+ * waits for another instance's migrations however long they take (no lock_timeout, no
+ * statement_timeout), and those settings must never reach a pooled connection, where a request
+ * would then wait on row locks without bound. A session lock, because a transaction held open
+ * for it would hold back CREATE INDEX CONCURRENTLY (which waits for every older snapshot in the
+ * database) forever; so it needs a direct connection: through a transaction pooler it would stay
+ * behind on whichever server connection took it. Start-up refuses to take it through what looks
+ * like one (see pooler-check.ts) unless DATABASE_MIGRATION_URL says where PostgreSQL itself is.
  *
  * A migration whose DDL could not get its lock within DDL_LOCK_TIMEOUT_MS was rolled back whole
  * (each runs in its own transaction); it is tried again after a pause, so traffic never waits
  * behind a DDL statement for longer than that.
  */
-export async function applyMigrations(dataSource: DataSource): Promise<string[]> {
+async function migrateUnderLock(dataSource: DataSource, direct: boolean): Promise<string[]> {
   const pool = (dataSource.driver as PostgresDriver).master as Pool;
   // The pool's own settings (URL, credentials, TLS, application_name), for one more connection.
   const lockHolder = new Client(pool.options);
@@ -56,8 +76,15 @@ export async function applyMigrations(dataSource: DataSource): Promise<string[]>
   lockHolder.on('error', (err) => (lost = err));
   await lockHolder.connect();
   try {
-    await lockHolder.query('BEGIN; SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0');
-    await lockHolder.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK]);
+    const url = (pool.options as { connectionString?: string }).connectionString;
+    if (!direct && url) {
+      const { rows } = await lockHolder.query<{ port: number | null }>('SELECT inet_server_port() AS port');
+      const suspicion = poolerSuspicion(url, rows[0].port, 'DATABASE_MIGRATION_URL');
+      if (suspicion) throw suspicion;
+    }
+    await lockHolder.query('SET lock_timeout = 0');
+    await lockHolder.query('SET statement_timeout = 0');
+    await lockHolder.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK]);
     boundLockWaits(dataSource);
     const applied: string[] = [];
     for (let attempt = 1; ; attempt++) {
@@ -72,8 +99,7 @@ export async function applyMigrations(dataSource: DataSource): Promise<string[]>
     if (lost) throw new Error('The connection holding the migration lock was lost while migrating; start again', { cause: lost });
     return applied;
   } finally {
-    // Ending the transaction (or, failing that, the connection) releases the lock, even when the migrations threw.
-    await lockHolder.query('COMMIT').catch(() => undefined);
+    // Closing the connection releases the lock too, even when the migrations throw.
     await lockHolder.end().catch(() => undefined);
   }
 }

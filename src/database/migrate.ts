@@ -52,7 +52,8 @@ async function main(): Promise<number> {
   loadEnvFile();
   const config = loadDatabaseConfig();
   const server = await openDatabaseServer(config);
-  const dataSource = new DataSource(typeormOptions(server.url, { lockTimeoutMs: 60_000 }));
+  // DATABASE_MIGRATION_URL, when set, is PostgreSQL itself (DATABASE_URL may be a pooler).
+  const dataSource = new DataSource(typeormOptions(config.databaseMigrationUrl ?? server.url, { lockTimeoutMs: 60_000 }));
   try {
     await dataSource.initialize();
     switch (command) {

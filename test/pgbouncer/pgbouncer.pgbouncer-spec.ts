@@ -56,16 +56,26 @@ describe('behind PgBouncer in transaction mode', () => {
   });
 
   it('named statements left at their default through a pooler: start-up refuses, naming DATABASE_PREPARED_STATEMENTS', async () => {
-    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, API_KEYS: `${ALICE.clientId}:${ALICE.secret}` });
+    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_MIGRATION_URL: database.url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}` });
     expect(code).toBe(1);
     expect(output).toContain('Invalid configuration: DATABASE_PREPARED_STATEMENTS must be set');
     expect(output).toContain('connection pooler');
+  });
+
+  it("migrations through a pooler, with no direct URL for their session lock: start-up refuses, naming DATABASE_MIGRATION_URL", async () => {
+    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_PREPARED_STATEMENTS: 'false', API_KEYS: `${ALICE.clientId}:${ALICE.secret}` });
+    expect(code).toBe(1);
+    expect(output).toContain('Invalid configuration: DATABASE_MIGRATION_URL must be set');
+    // Refused before taking any lock: nothing was left held on a server connection of the pooler.
+    const { rows } = await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory'`);
+    expect(rows[0].n).toBe(0);
   });
 
   it('a restart of the pooler under load: 503 + Retry-After meanwhile, then it serves again; every acknowledged create kept', async () => {
     service = await startServiceProcess({
       DATABASE_URL: pooledUrl,
       DATABASE_PREPARED_STATEMENTS: 'false',
+      DATABASE_MIGRATION_URL: database.url,
       API_KEYS: `${ALICE.clientId}:${ALICE.secret}`,
       DATABASE_POOL_SIZE: '4',
       DATABASE_POOL_WAIT_MS: '2000',

@@ -25,7 +25,8 @@ export interface TestRun {
 /**
  * With TEST_PGBOUNCER=1 (globalSetup then starts one and sets TEST_POOLER_PORT), what a service under
  * test is given instead of `directUrl`: the same database through PgBouncer in transaction mode, with
- * named statements off, as a deployment behind it runs. The tests' own checks keep the direct URL.
+ * named statements off and the migrations on the direct URL, as a deployment behind it runs. The
+ * tests' own checks keep the direct URL.
  */
 export function throughPooler(directUrl: string, env: Record<string, string> = {}): Record<string, string> {
   const port = process.env.TEST_POOLER_PORT;
@@ -34,5 +35,5 @@ export function throughPooler(directUrl: string, env: Record<string, string> = {
   const url = new URL(directUrl);
   url.hostname = '127.0.0.1';
   url.port = port;
-  return { DATABASE_URL: url.toString(), DATABASE_PREPARED_STATEMENTS: 'false' };
+  return { DATABASE_URL: url.toString(), DATABASE_PREPARED_STATEMENTS: 'false', DATABASE_MIGRATION_URL: directUrl };
 }
