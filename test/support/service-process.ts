@@ -19,7 +19,15 @@ export interface ServiceProcess {
 /** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it. */
 export async function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
   const child = spawn(process.execPath, [MAIN], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env },
+    env: {
+      PATH: process.env.PATH ?? '',
+      PORT: '0',
+      LOG_LEVEL: 'warn',
+      PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+      // On a real database the in-process sandbox must be asked for; a test that names a provider does not.
+      ...(env.PSP_BASE_URL || !env.DATABASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),
+      ...env,
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';

@@ -90,6 +90,8 @@ export function testConfig(url: string, env: Record<string, string> = {}): AppCo
     API_KEYS: `${ALICE.clientId}:${ALICE.secret},${BOB.clientId}:${BOB.secret}`,
     PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
     LOG_LEVEL: 'silent',
+    // The sandbox is mounted on a real database only when asked for: every test app asks, unless it names a provider.
+    ...(env.PSP_BASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),
     ...env,
   });
 }
