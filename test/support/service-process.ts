@@ -26,6 +26,8 @@ export async function startServiceProcess(env: Record<string, string>): Promise<
       PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
       // On a real database the in-process sandbox must be asked for; a test that names a provider does not.
       ...(env.PSP_BASE_URL || !env.DATABASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),
+      // As in test-app.ts: no slow path to the sandbox unless a test puts one there (and sets this).
+      PSP_MAX_LATENCY_MS: '0',
       ...env,
     },
     stdio: ['ignore', 'pipe', 'pipe'],
