@@ -16,9 +16,12 @@ export interface ServiceProcess {
   kill(signal: NodeJS.Signals): Promise<number | null>;
 }
 
-/** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it. */
-export async function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
-  const child = spawn(process.execPath, [MAIN], {
+/** The built sandbox provider, as `npm run psp` runs it (PSP_PORT=0 for a free port); its URL without the /psp prefix. */
+export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/src/psp-sandbox/main.js');
+
+/** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it; `main`: another built entry. */
+export async function startServiceProcess(env: Record<string, string>, { main = MAIN }: { main?: string } = {}): Promise<ServiceProcess> {
+  const child = spawn(process.execPath, [main], {
     env: {
       PATH: process.env.PATH ?? '',
       PORT: '0',
