@@ -4,11 +4,13 @@
  * makes one insert fail). Then the two gaps the kit found, asserted directly: a bare key with commas,
  * and PATCH under an Idempotency-Key.
  */
+import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { resolve } from 'node:path';
 import { Pool } from 'pg';
 import request from 'supertest';
 import { CHECKS } from '../conformance/checks';
-import { resolveTarget, validateConfig } from '../conformance/config';
+import { ConfigError, parseArgs, resolveTarget, validateConfig } from '../conformance/config';
 import { runConformance } from '../conformance/kit';
 import { describeExchange } from '../conformance/report';
 import { freePort } from '../src/common/free-port';
@@ -19,6 +21,31 @@ import { ALICE, BOB, bearer, createTestDatabase, ignoreIdleErrors } from './supp
 const PROCESS_TEST_TIMEOUT_MS = 180_000;
 const FIVE_HUNDRED_NOTE = 'conformance-five-hundred';
 const order = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor: 1500 }], note });
+const CLI = resolve(process.cwd(), 'dist/conformance/cli.js');
+
+/** The kit's CLI as a user runs it (npm test builds dist/ first). */
+function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((done) =>
+    execFile(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH ?? '', NO_COLOR: '1' } }, (err, stdout, stderr) =>
+      done({ code: err ? Number(err.code) : 0, stdout, stderr }),
+    ),
+  );
+}
+
+describe('the conformance kit: its input', () => {
+  it('reads flags into a config; refuses a base that is not loopback, and a missing caller', () => {
+    const { config, json } = parseArgs([
+      '--base', 'http://127.0.0.1:3000', '--method', 'post', '--path', '/orders', '--body', '{"a":1}',
+      '--caller-a', 'Authorization: Bearer x', '--caller-a', 'X-Tenant: t1', '--caller-b', 'Authorization: Bearer y', '--json',
+    ]);
+    expect(json).toBe(true);
+    expect(config.operation).toEqual({ method: 'POST', path: '/orders', body: { a: 1 } });
+    expect(config.callers).toEqual({ a: { Authorization: 'Bearer x', 'X-Tenant': 't1' }, b: { Authorization: 'Bearer y' } });
+    const base = { operation: { method: 'POST', path: '/orders', body: {} }, callers: { a: {}, b: {} } };
+    expect(() => validateConfig({ ...base, base: 'http://example.com' })).toThrow(ConfigError);
+    expect(() => validateConfig({ ...base, base: 'http://127.0.0.1:1', callers: { a: {} } })).toThrow(/callers\.b/);
+  });
+});
 
 describe('the conformance kit against the service', () => {
   let database: { url: string; drop(): Promise<void> };
@@ -79,6 +106,24 @@ describe('the conformance kit against the service', () => {
     },
     PROCESS_TEST_TIMEOUT_MS,
   );
+
+  it('the CLI: exit 0 and JSON when the checks pass; exit 1 with what was sent and what came back when one fails', async () => {
+    const args = [
+      '--base', service.url, '--method', 'POST', '--path', '/orders', '--body', JSON.stringify(order('cli {{unique}}')),
+      '--caller-a', `Authorization: ${bearer(ALICE)}`, '--caller-b', `Authorization: ${bearer(BOB)}`, '--only', 'retry-replays,malformed-key-commas',
+    ];
+    const passing = await cli([...args, '--json']);
+    expect(passing.code).toBe(0);
+    const report = JSON.parse(passing.stdout);
+    expect(report.results.map((r: { id: string; outcome: string }) => [r.id, r.outcome])).toEqual([['malformed-key-commas', 'pass'], ['retry-replays', 'pass']]);
+    // A replay marker the service does not send: the kit must fail, and show both exchanges.
+    const failing = await cli([...args, '--replay-header', 'X-Not-Sent']);
+    expect(failing.code).toBe(1);
+    expect(failing.stdout).toMatch(/FAIL +retry-replays +the retry: same status and bytes, but no header marks it as a replay \(X-Not-Sent\)/);
+    expect(failing.stdout).toMatch(/sent: POST \/orders Authorization: Bearer [^\n]*Idempotency-Key: conformance-/);
+    expect(failing.stdout).toMatch(/got: +201 [^\n]*idempotent-replayed: true/);
+    expect(failing.stdout).not.toContain('\x1b[');
+  });
 
   it('refuses a bare key with commas (two headers merged into one), and accepts it quoted', async () => {
     const post = (key: string) => request(service.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(order(`commas ${key}`));
