@@ -17,9 +17,22 @@ function shorten(text: string): string {
   return one.length > BODY_SHOWN ? `${one.slice(0, BODY_SHOWN)}… (${text.length} chars)` : one;
 }
 
+/** Credentials in a report (CI logs) are shown by their scheme and length only. */
+const CREDENTIAL = /^(authorization|proxy-authorization|cookie)$|api-?key|token|secret/i;
+
+function redacted(name: string, value: string): string {
+  if (!CREDENTIAL.test(name)) return value;
+  const [scheme, rest] = value.includes(' ') ? [value.slice(0, value.indexOf(' ')), value.slice(value.indexOf(' ') + 1)] : ['', value];
+  return `${scheme ? `${scheme} ` : ''}<${rest.length} characters>`;
+}
+
+function sentHeaders(x: Exchange): Record<string, string | string[]> {
+  return Object.fromEntries(Object.entries(x.sent.headers).map(([name, value]) => [name, Array.isArray(value) ? value : redacted(name, value)]));
+}
+
 /** What was sent and what came back, as a reader needs it: the key and caller headers, the status, the headers that matter. */
 export function describeExchange(x: Exchange): string[] {
-  const headers = Object.entries(x.sent.headers)
+  const headers = Object.entries(sentHeaders(x))
     .filter(([name]) => name.toLowerCase() !== 'content-type')
     .flatMap(([name, value]) => (Array.isArray(value) ? value : [value]).map((v) => `${name}: ${shorten(v)}`));
   const lines = [`sent: ${x.sent.method} ${x.sent.path} ${headers.join(' | ')}`, `      ${shorten(x.sent.body ?? '')}`];
@@ -53,7 +66,7 @@ export function toJson(report: KitReport): string {
       results: report.results.map((r) => ({
         ...r,
         evidence: r.evidence.map((x) => ({
-          sent: x.sent,
+          sent: { ...x.sent, headers: sentHeaders(x) },
           got: x.answer ? { status: x.answer.status, headers: x.answer.headers, body: x.answer.body.toString('utf8') } : { error: x.error },
         })),
       })),
