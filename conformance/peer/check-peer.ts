@@ -131,6 +131,8 @@ async function main(): Promise<number> {
       LOG_LEVEL: 'warn',
       API_KEYS: `conformance-a:${secret('a')},conformance-b:${secret('b')}`,
       PSP_WEBHOOK_SECRET: `whsec_${Buffer.from('conformance-webhook-secret-0123456789').toString('base64')}`,
+      // On a real database the in-process sandbox provider must be asked for (the kit never pays).
+      PSP_SANDBOX: 'in-process',
     },
     '/health',
   );
