@@ -33,7 +33,7 @@ export interface KitConfig {
   };
   /** The header that marks a replay; found by itself when absent (a header only the replay has, named like replay or idempotent). */
   replayHeader?: string;
-  /** The OpenAPI document's path or URL (JSON), for the expiry-policy check. */
+  /** The OpenAPI document's path on the base (JSON), for the expiry-policy check. */
   openapi?: string;
   /** A request that provokes a 5xx: a body and/or headers, and optionally shell commands run before and after it. */
   serverError?: { body?: unknown; headers?: Record<string, string>; arm?: string; disarm?: string };
@@ -101,6 +101,7 @@ export function validateConfig(raw: unknown): KitConfig {
   const effects = config.effects;
   if (effects?.list && typeof effects.list.path !== 'string') throw new ConfigError('effects.list.path must be a path');
   if (effects?.id && effects.id !== 'location' && !effects.id.startsWith('body:')) throw new ConfigError('effects.id is location or body:<field>');
+  if (config.openapi !== undefined && (typeof config.openapi !== 'string' || !config.openapi.startsWith('/'))) throw new ConfigError('openapi is the document\'s path on the base, e.g. /docs-json');
   if (config.crash && (typeof config.crash.kill !== 'string' || typeof config.crash.start !== 'string')) throw new ConfigError('crash needs kill and start commands');
   return config;
 }
@@ -113,7 +114,7 @@ const FLAG_HELP = `npm run conformance -- --base URL --method POST --path /order
   --count-command CMD     a shell command printing the caller's count ({caller} → a|b)
   --effect-id location|body:FIELD   what names an effect in an answer
   --replay-header NAME    the replay marker (found by itself if absent)
-  --openapi PATH|URL      the OpenAPI document (JSON)
+  --openapi PATH          the OpenAPI document's path on the base (JSON)
   --kill-command CMD --start-command CMD   the crash check
   --parallel N            identical requests at once (10; at most ${MAX_PARALLEL})
   --only id,id            run only these checks
