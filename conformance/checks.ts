@@ -296,7 +296,7 @@ const reorderedJson: Check = {
     const body = ctx.bodyFor(randomUUID());
     const first = await firstRequest(ctx, key, body);
     const variant = JSON.stringify(reordered(body), null, 2);
-    if (variant.replace(/\s/g, '') === JSON.stringify(body)) ctx.note('the body has no object with two members: only the spacing changed');
+    if (JSON.stringify(reordered(body)) === JSON.stringify(body)) ctx.note('the body has no object with two members: only the spacing changed');
     const again = await ctx.send({ key, bodyText: variant });
     const marker = ctx.expectReplay(first, again, 'the reordered body');
     return { outcome: 'pass', detail: `replayed (${marker})` };
