@@ -44,25 +44,19 @@ export interface RefundRow {
 }
 
 /**
- * The columns of payments and refunds a statement reads, by name (never `*`): a statement's result
- * never follows the table, so a column added or dropped while the service runs leaves every cached
- * plan's result type as it was.
+ * The columns of PaymentRow and RefundRow, named: a statement that reads `*` changes its result's shape when a
+ * migration adds a column, and a prepared statement then fails until its connection is dropped.
  */
-const PAYMENT_COLUMN_NAMES = [
-  'id', 'client_id', 'order_id', 'idempotency_key_id', 'status', 'amount_minor', 'currency', 'source', 'provider',
-  'provider_transaction_id', 'outbound_key', 'refunded_minor', 'failure_code', 'created_at', 'updated_at',
-] as const satisfies readonly (keyof PaymentRow)[];
-const REFUND_COLUMN_NAMES = [
-  'id', 'client_id', 'payment_id', 'idempotency_key_id', 'status', 'amount_minor', 'provider', 'provider_refund_id',
-  'outbound_key', 'failure_code', 'created_at', 'updated_at',
-] as const satisfies readonly (keyof RefundRow)[];
+export const PAYMENT_COLUMNS =
+  'id, client_id, order_id, idempotency_key_id, status, amount_minor, currency, source, provider, provider_transaction_id, outbound_key, refunded_minor, failure_code, created_at, updated_at';
+export const REFUND_COLUMNS = 'id, client_id, payment_id, idempotency_key_id, status, amount_minor, provider, provider_refund_id, outbound_key, failure_code, created_at, updated_at';
 
-const qualified = (names: readonly string[], alias: string) => names.map((name) => `${alias}.${name}`).join(', ');
-export const PAYMENT_COLUMNS = PAYMENT_COLUMN_NAMES.join(', ');
-export const REFUND_COLUMNS = REFUND_COLUMN_NAMES.join(', ');
-/** The same columns qualified by a table alias, for a join. */
-export const paymentColumnsOf = (alias: string) => qualified(PAYMENT_COLUMN_NAMES, alias);
-export const refundColumnsOf = (alias: string) => qualified(REFUND_COLUMN_NAMES, alias);
+/** `a.id, a.status, …`: a column list read through a table alias. */
+export const prefixed = (alias: string, columns: string) =>
+  columns
+    .split(',')
+    .map((c) => `${alias}.${c.trim()}`)
+    .join(', ');
 
 export function toPaymentView(row: PaymentRow): PaymentView {
   return {

@@ -17,10 +17,25 @@ export interface ServiceProcess {
   kill(signal: NodeJS.Signals): Promise<number | null>;
 }
 
-/** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it. */
-export async function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
-  const child = spawn(process.execPath, [MAIN], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env, ...(env.DATABASE_URL ? throughPooler(env.DATABASE_URL, env) : {}) },
+/** The built sandbox provider, as `npm run psp` runs it (PSP_PORT=0 for a free port); its URL without the /psp prefix. */
+export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/src/psp-sandbox/main.js');
+
+/** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it; `main`: another built entry. */
+export async function startServiceProcess(env: Record<string, string>, { main = MAIN }: { main?: string } = {}): Promise<ServiceProcess> {
+  const child = spawn(process.execPath, [main], {
+    env: {
+      PATH: process.env.PATH ?? '',
+      PORT: '0',
+      LOG_LEVEL: 'warn',
+      PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+      // On a real database the in-process sandbox must be asked for; a test that names a provider does not.
+      ...(env.PSP_BASE_URL || !env.DATABASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),
+      // As in test-app.ts: no slow path to the sandbox unless a test puts one there (and sets this).
+      PSP_MAX_LATENCY_MS: '0',
+      ...env,
+      // TEST_PGBOUNCER=1: the service reaches its database through the pooler (the sandbox's own process does not).
+      ...(env.DATABASE_URL && main === MAIN ? throughPooler(env.DATABASE_URL, env) : {}),
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';
