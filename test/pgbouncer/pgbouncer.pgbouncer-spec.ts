@@ -56,14 +56,14 @@ describe('behind PgBouncer in transaction mode', () => {
   });
 
   it('named statements left at their default through a pooler: start-up refuses, naming DATABASE_PREPARED_STATEMENTS', async () => {
-    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_MIGRATION_URL: database.url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}` });
+    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_MIGRATION_URL: database.url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, PSP_SANDBOX: 'in-process' });
     expect(code).toBe(1);
     expect(output).toContain('Invalid configuration: DATABASE_PREPARED_STATEMENTS must be set');
     expect(output).toContain('connection pooler');
   });
 
   it("migrations through a pooler, with no direct URL for their session lock: start-up refuses, naming DATABASE_MIGRATION_URL", async () => {
-    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_PREPARED_STATEMENTS: 'false', API_KEYS: `${ALICE.clientId}:${ALICE.secret}` });
+    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_PREPARED_STATEMENTS: 'false', API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, PSP_SANDBOX: 'in-process' });
     expect(code).toBe(1);
     expect(output).toContain('Invalid configuration: DATABASE_MIGRATION_URL must be set');
     // Refused before taking any lock: nothing was left held on a server connection of the pooler.
