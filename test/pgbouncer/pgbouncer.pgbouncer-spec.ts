@@ -4,36 +4,13 @@
  * and a restart of the pooler under load is answered 503 + Retry-After and recovered from by itself.
  * `npm run test:pgbouncer` runs these (they need the `pgbouncer` binary), with the concurrency-heavy suites.
  */
-import { randomUUID } from 'node:crypto';
 import { Pool } from 'pg';
-import request from 'supertest';
 import { freePort } from '../../src/common/free-port';
+import { createsUnderLoad, expectOnlyCleanRefusals, expectRecovery, expectRefusedMeanwhile, expectStillServing, until } from '../support/outage-load';
 import { type PgBouncer, startPgBouncer } from '../support/pgbouncer';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from '../support/service-process';
-import { ALICE, bearer, createTestDatabase, ignoreIdleErrors } from '../support/test-app';
+import { ALICE, createTestDatabase, ignoreIdleErrors } from '../support/test-app';
 
-const PROBLEM_JSON = /^application\/problem\+json/;
-const ANSWER_DEADLINE_MS = 20_000;
-const RECOVERY_DEADLINE_MS = 30_000;
-const LOAD_WORKERS = 4;
-
-const order = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }], note });
-
-async function until(what: string, condition: () => Promise<boolean> | boolean, deadlineMs = RECOVERY_DEADLINE_MS): Promise<void> {
-  const deadline = Date.now() + deadlineMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-interface Outcome {
-  key: string;
-  phase: 'before' | 'down' | 'after';
-  status: number | 'no answer';
-  id?: string;
-  problem?: { contentType?: string; retryAfter?: string; type?: string };
-}
 
 describe('behind PgBouncer in transaction mode', () => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
@@ -81,84 +58,25 @@ describe('behind PgBouncer in transaction mode', () => {
       DATABASE_POOL_WAIT_MS: '2000',
     });
     const svc = service;
-    let phase: Outcome['phase'] = 'before';
-    let loading = true;
-    const outcomes: Outcome[] = [];
-    const create = async (key: string): Promise<Outcome> => {
-      const at = phase;
-      try {
-        const res = await request(svc.url)
-          .post('/orders')
-          .set('Authorization', bearer(ALICE))
-          .set('Idempotency-Key', key)
-          .timeout(ANSWER_DEADLINE_MS)
-          .send(order(`bouncer-${key}`));
-        return {
-          key,
-          phase: at,
-          status: res.status,
-          id: res.status === 201 ? (res.body as { id: string }).id : undefined,
-          problem: res.status >= 400 ? { contentType: res.headers['content-type'], retryAfter: res.headers['retry-after'], type: (res.body as { type?: string }).type } : undefined,
-        };
-      } catch {
-        return { key, phase: at, status: 'no answer' };
-      }
-    };
-    // A bounded loop per worker: it stops when told, or after enough requests that a stuck test still ends.
-    const workers = Array.from({ length: LOAD_WORKERS }, async () => {
-      for (let i = 0; loading && i < 5_000; i++) outcomes.push(await create(randomUUID()));
-    });
-    const count = (p: Outcome['phase'], status: Outcome['status']) => outcomes.filter((o) => o.phase === p && o.status === status).length;
-
+    const load = createsUnderLoad(svc.url, 'bouncer-');
     try {
-      await until('creates flow', () => count('before', 201) >= 20);
+      await until('creates flow', () => load.count('before', 201) >= 20);
 
       await bouncer.down();
-      phase = 'down';
+      load.enter('down');
       await until('the load meets the outage', () => {
         if (svc.child.exitCode !== null || svc.child.signalCode !== null) throw new Error(`the service died:\n${svc.output()}`);
-        return count('down', 503) >= 10;
+        return load.count('down', 503) >= 10;
       });
-      const refused = await request(svc.url)
-        .post('/orders')
-        .set('Authorization', bearer(ALICE))
-        .set('Idempotency-Key', randomUUID())
-        .timeout(ANSWER_DEADLINE_MS)
-        .send(order('during-outage'));
-      expect({ status: refused.status, contentType: refused.headers['content-type'] }).toEqual({ status: 503, contentType: expect.stringMatching(PROBLEM_JSON) });
-      expect(refused.body).toMatchObject({ type: 'urn:idempotent-orders:problem:database-unavailable', status: 503 });
-      expect(Number(refused.headers['retry-after'])).toBeGreaterThan(0);
+      await expectRefusedMeanwhile(svc.url);
 
       await bouncer.start();
-      phase = 'after';
-      await until('/health reports the database up', async () => (await request(svc.url).get('/health').timeout(ANSWER_DEADLINE_MS)).status === 200);
-      await until('creates flow again', () => count('after', 201) >= 20);
+      await expectRecovery(load, svc.url);
     } finally {
-      loading = false;
-      await Promise.all(workers);
+      await load.stop();
     }
 
-    expect(svc.child.exitCode).toBeNull();
-    expect(svc.output()).not.toMatch(/Unhandled 'error' event|Connection terminated unexpectedly\n\s+at /);
-    // Every answer was a success or a clean, retryable 503: no 500, no hang.
-    expect([...new Set(outcomes.map((o) => o.status))].sort()).toEqual([201, 503]);
-    for (const o of outcomes.filter((x) => x.status === 503)) {
-      expect(o.problem).toEqual({ contentType: expect.stringMatching(PROBLEM_JSON), retryAfter: expect.stringMatching(/^\d+$/), type: expect.stringMatching(/database-unavailable|overloaded/) });
-    }
-
-    const acknowledged = outcomes.filter((o) => o.status === 201).map((o) => o.id!);
-    const { rows: found } = await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM orders WHERE id = ANY($1::uuid[])`, [acknowledged]);
-    expect(found[0].n).toBe(acknowledged.length);
-
-    // A refused create, retried with its key, runs exactly once (or replays what a cut-off COMMIT did).
-    const refusedKeys = outcomes.filter((o) => o.status === 503).map((o) => o.key).slice(0, 20);
-    for (const key of refusedKeys) expect((await create(key)).status).toBe(201);
-    const { rows } = await db.query<{ orders: number; keys: number; stuck: number }>(
-      `SELECT (SELECT count(*)::int FROM orders WHERE note = ANY($1::text[])) AS orders,
-              (SELECT count(DISTINCT note)::int FROM orders WHERE note = ANY($1::text[])) AS keys,
-              (SELECT count(*)::int FROM idempotency_keys WHERE state = 'in_progress') AS stuck`,
-      [refusedKeys.map((k) => `bouncer-${k}`)],
-    );
-    expect(rows[0]).toEqual({ orders: refusedKeys.length, keys: refusedKeys.length, stuck: 0 });
+    expectStillServing(svc);
+    await expectOnlyCleanRefusals(load, db, 'bouncer-');
   }, 180_000);
 });
