@@ -189,6 +189,19 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
     expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one', added: null }]);
   });
 
+  it('a first batch with another already sent behind it: the transaction fails whole, nothing of it is kept, and the connection recovers', async () => {
+    const db = await open();
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+    const failing = db.transaction(() =>
+      Promise.all([db.query(readAll, [1]), db.query(`INSERT INTO schema_probe (id, note) VALUES ($1, $2)`, [2, 'rolled back'])]),
+    );
+    // Whichever of the two errors reaches Promise.all first: the 0A000, or the aborted transaction's 25P02 behind it.
+    await expect(failing).rejects.toMatchObject({ code: expect.stringMatching(/^(0A000|25P02)$/) });
+    expect((await check.query(`SELECT id FROM schema_probe ORDER BY id`)).rows).toEqual([{ id: 1 }]);
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one', added: null }]);
+  });
+
   it('with DATABASE_PREPARED_STATEMENTS=false nothing is prepared on the server, and a schema change costs no error at all', async () => {
     const failures = jest.spyOn(Database.prototype as unknown as { discardStatements(): Promise<void> }, 'discardStatements');
     try {

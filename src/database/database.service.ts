@@ -43,7 +43,7 @@ function unnamedStatement(text: string, values: unknown[]): string | QueryConfig
   return values.length === 0 ? text : { text, values };
 }
 
-/** A statement a statement cache over 0A000 is discarded with: the connection's prepared statements, all of them. */
+/** Drops every prepared statement of the connection: after a 0A000, each is parsed afresh on its next use. */
 const DISCARD_STATEMENTS = 'DEALLOCATE ALL';
 
 /**
@@ -104,8 +104,8 @@ interface OpenTransaction {
   client: PoolClient;
   /** False until BEGIN has been sent: a transaction that makes no query costs no round trip at all. */
   begun: boolean;
-  /** True once a batch has answered: `fn` has seen rows, so a failed batch can no longer simply be sent again. */
-  answered: boolean;
+  /** Batches sent so far: only the first, alone on the wire, can simply be sent again (see `send`). */
+  sent: number;
   /** Sent, in order, in the same write as the next statement (or the COMMIT). */
   deferred: Deferred[];
 }
@@ -239,21 +239,20 @@ export class Database implements OnApplicationBootstrap {
    * when it was the transaction's FIRST: an error aborted the transaction, so nothing it did was
    * committed, and `fn` has seen no result yet, so nothing it decided depends on the failed try —
    * sending the same batch again is the same as the first try never having happened. After a later
-   * batch, `fn` acted on earlier results; the error propagates (503, retryable) instead.
+   * batch (or with another batch sent behind it), `fn` acted on results, or is waiting for ones the
+   * error voided; the error propagates (503, retryable) instead.
    */
   private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
-    const first = !open.answered;
+    const ordinal = open.sent++;
     try {
       return await this.write(open.client, statements);
     } catch (err) {
       if (!isCachedPlanInvalidated(err)) throw err;
       this.logger.warn(`a schema change invalidated prepared statements (${(err as Error).message}); this connection discards them`);
       await this.discardStatements(open);
-      if (!first) throw err;
+      if (ordinal !== 0 || open.sent !== 1) throw err;
       open.begun = true;
       return await this.write(open.client, statements);
-    } finally {
-      open.answered = true;
     }
   }
 
@@ -335,7 +334,7 @@ export class Database implements OnApplicationBootstrap {
   /** A connection for `fn`'s transaction; rolled back when `fn` throws with the transaction still open, then released. */
   private async inTransaction<T>(fn: (open: OpenTransaction) => Promise<T>): Promise<T> {
     const client = await this.connect();
-    const open: OpenTransaction = { client, begun: false, answered: false, deferred: [] };
+    const open: OpenTransaction = { client, begun: false, sent: 0, deferred: [] };
     let broken: Error | undefined;
     try {
       return await fn(open);
