@@ -11,6 +11,7 @@ import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
 import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
+import { QuietStartupLogger } from './common/quiet-startup-logger.js';
 import { plainProblem, PROBLEM_CONTENT_TYPE, ProblemException } from './common/problem.js';
 import { sendProblem } from './common/problem.filter.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
@@ -262,7 +263,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     bufferLogs: true,
     bodyParser: false,
   });
-  app.useLogger(app.get(Logger));
+  app.useLogger(new QuietStartupLogger(app.get(Logger)));
   const fastify = app.getHttpAdapter().getInstance();
   const duration = httpDurationHistogram(app.get(Registry));
   // Before the body hooks (applyHttpRules), so that a request they refuse carries its id too.

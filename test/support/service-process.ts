@@ -16,11 +16,16 @@ export interface ServiceProcess {
   kill(signal: NodeJS.Signals): Promise<number | null>;
 }
 
-/** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it. */
-export async function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
+/**
+ * The built service (`npm test` builds first) as its own OS process, as `npm start` runs it.
+ * `processGroup`: in a process group of its own, as a terminal runs it, so that a test can send the terminal's
+ * Ctrl-C to the whole group (`process.kill(-child.pid, 'SIGINT')`).
+ */
+export async function startServiceProcess(env: Record<string, string>, { processGroup = false }: { processGroup?: boolean } = {}): Promise<ServiceProcess> {
   const child = spawn(process.execPath, [MAIN], {
     env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
+    detached: processGroup,
   });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
