@@ -179,9 +179,11 @@ async function claimDataFolder(dir: string): Promise<DataFolderClaim> {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST' || attempt >= 5) throw err;
       }
       const owner = await readOwner(file);
-      if (owner && (await isRunning(owner))) throw new DataFolderInUseError(dir, owner);
+      // This process again (its server died, and it starts another): a server still running is refused below.
+      const again = owner?.pid === process.pid;
+      if (owner && !again && (await isRunning(owner))) throw new DataFolderInUseError(dir, owner);
       // Its owner was killed (or the machine restarted): the folder is free, and whatever it left running is an orphan.
-      previousOwnerGone = true;
+      previousOwnerGone = !again;
       await rm(file, { force: true });
     }
   } finally {
