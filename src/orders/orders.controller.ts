@@ -297,7 +297,7 @@ export class OrdersController {
         detail: `Order ${EXAMPLE_ORDER_ID} is at version 4, not the one in If-Match. Read it again (GET /orders/${EXAMPLE_ORDER_ID}) and retry with its ETag.`,
         currentVersion: 4,
       },
-      members: { currentVersion: { type: 'integer', minimum: 1, description: 'The version the order is at now (its ETag is "<currentVersion>").' } },
+      members: { currentVersion: { type: 'integer', minimum: 1, description: 'The version the order is at now (its ETag is that number in quotes: 3 → "3").' } },
     },
     {
       status: 428,

@@ -1078,7 +1078,7 @@ export interface components {
             status: number;
             /** @description What went wrong this time, for people. */
             detail?: string;
-            /** @description The version the order is at now (its ETag is "<currentVersion>"). */
+            /** @description The version the order is at now (its ETag is that number in quotes: 3 → "3"). */
             currentVersion: number;
         };
         /** @description The problem of type urn:idempotent-orders:problem:precondition-required (Precondition required). */
