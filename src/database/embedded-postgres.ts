@@ -184,7 +184,9 @@ async function claimDataFolder(dir: string): Promise<DataFolderClaim> {
       if (owner && !again && (await isRunning(owner))) throw new DataFolderInUseError(dir, owner);
       // Its owner was killed (or the machine restarted): the folder is free, and whatever it left running is an orphan.
       previousOwnerGone = !again;
-      await rm(file, { force: true });
+      // Unless another process took it over meanwhile (then the next link fails and names that one).
+      const stale = owner && JSON.stringify(owner);
+      if (!stale || (await readOwner(file).then((now) => now && JSON.stringify(now))) === stale) await rm(file, { force: true });
     }
   } finally {
     await rm(draft, { force: true });
