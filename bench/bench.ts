@@ -269,7 +269,7 @@ async function main(): Promise<void> {
     // BENCH_SERVICE_ARGS='--cpu-prof' profiles the service while it is measured.
     const nodeArgs = process.env.BENCH_SERVICE_ARGS?.split(' ').filter(Boolean) ?? [];
     service = spawn(process.execPath, [...nodeArgs, fileURLToPath(new URL('../src/main.js', import.meta.url))], {
-      env: { PATH: process.env.PATH, PORT: '0', DATABASE_URL: server.url, API_KEYS: `bench:${SECRET}`, PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(SECRET).toString('base64')}`, LOG_LEVEL: 'warn' },
+      env: { PATH: process.env.PATH, PORT: '0', DATABASE_URL: server.url, API_KEYS: `bench:${SECRET}`, PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(SECRET).toString('base64')}`, PSP_SANDBOX: 'in-process', LOG_LEVEL: 'warn' },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const url = await new Promise<string>((res, rej) => {

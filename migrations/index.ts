@@ -9,6 +9,7 @@ import { Payments1764414600000 } from './1764414600000-payments.js';
 import { Webhooks1764414700000 } from './1764414700000-webhooks.js';
 import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbox.js';
 import { KeyRowHotUpdates1764414900000 } from './1764414900000-key-row-hot-updates.js';
+import { LateLandings1764415000000 } from './1764415000000-late-landings.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -21,4 +22,5 @@ export const migrations = [
   Webhooks1764414700000,
   PspWebhookOutbox1764414800000,
   KeyRowHotUpdates1764414900000,
+  LateLandings1764415000000,
 ];

@@ -88,8 +88,8 @@ export class AppModule {
         IdempotencyModule,
         OrdersModule,
         SubmitTokensModule,
-        // The sandbox provider, in-process, only when no real (or standalone) provider is configured.
-        ...(config.pspBaseUrl
+        // The sandbox provider, in-process: on the embedded database, or on a real one when PSP_SANDBOX asks for it.
+        ...(config.pspSandbox === 'off'
           ? []
           : [
               PspSandboxModule.forRoot({

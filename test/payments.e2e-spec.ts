@@ -231,10 +231,14 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(lost.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-pending', paymentId: expect.any(String) });
       expect(Number(lost.headers['retry-after'])).toBeGreaterThanOrEqual(1);
       expect(await paymentsOf(orderId)).toMatchObject([{ id: lost.body.paymentId, status: 'pending' }]);
-      // A pending payment blocks a cancel: the charge may have gone through (it did).
+      // A pending payment that someone is still deciding blocks a cancel: the charge may have gone through (it did).
+      // (Its key held as a request in flight holds it; one past its lease is settled first, see "a cancel that finds…".)
+      const keyOf = `SELECT idempotency_key_id FROM payments WHERE id = $1`;
+      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() + interval '1 minute' WHERE id = (${keyOf})`, [lost.body.paymentId]);
       const refused = await cancel(orderId);
       expect(refused.status).toBe(409);
       expect(refused.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-in-progress', paymentId: lost.body.paymentId });
+      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() WHERE id = (${keyOf})`, [lost.body.paymentId]);
 
       expect(await reconcile()).toBeGreaterThanOrEqual(1);
       expect(await paymentsOf(orderId)).toMatchObject([{ id: lost.body.paymentId, status: 'succeeded' }]);
@@ -274,6 +278,21 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(await orderState(orderId)).toMatchObject({ status: 'created' });
       // Failed: the order may be paid again with a new key.
       expect((await pay(orderId, 'tok_visa')).status).toBe(201);
+    });
+  });
+
+  describe('a cancel that finds a pending payment past its lease', () => {
+    it('settles it first: the lost charge succeeded, so the order was paid and the cancel moves it on (one charge, one paid event)', async () => {
+      const orderId = await createOrder();
+      const lost = await pay(orderId, 'tok_lost');
+      expect(lost.status).toBe(503);
+      const cancelled = await cancel(orderId);
+      expect(cancelled.status).toBe(200);
+      expect(cancelled.body.status).toBe('cancelled');
+      expect(await paymentsOf(orderId)).toMatchObject([{ id: lost.body.paymentId, status: 'succeeded' }]);
+      expect(await orderState(orderId)).toMatchObject({ status: 'cancelled', paid_events: 1 });
+      expect(await charges(orderId)).toHaveLength(1);
+      expect(await unfinishedKeys()).toBe(0);
     });
   });
 

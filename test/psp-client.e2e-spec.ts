@@ -4,8 +4,9 @@ import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
+import { monotonicNow } from '../src/common/monotonic-clock';
 import { MetricsModule } from '../src/metrics/metrics.module';
-import { type ChargeRequest, PspClient, PspUnreachableError } from '../src/psp-client/psp-client';
+import { type ChargeRequest, MAX_RESPONSE_BYTES, PspClient, type RefundRequest, PspUnreachableError } from '../src/psp-client/psp-client';
 import { PspClientMetrics } from '../src/psp-client/psp-client-metrics';
 import type { PspClientOptions } from '../src/psp-client/psp-client-options';
 import { PspClientModule } from '../src/psp-client/psp-client.module';
@@ -100,6 +101,58 @@ function chargeRecord(body: string, status: 'succeeded' | 'failed' = 'succeeded'
   return { id: `ch_${randomUUID()}`, status, ...request, failureCode: status === 'failed' ? 'card_declined' : null, createdAt: new Date().toISOString() };
 }
 
+type ChargeRecord = ReturnType<typeof chargeRecord>;
+
+/** A charge for `paymentId` of 1250 EUR as a lookup returns it, optionally altered. */
+function chargeItem(paymentId: string, alter: (c: ChargeRecord) => unknown = (c) => c): unknown {
+  return alter(chargeRecord(JSON.stringify({ amountMinor: 1250, currency: 'EUR', source: 'tok_visa', metadata: { orderId: randomUUID(), paymentId } })));
+}
+
+function refundRequest(): RefundRequest {
+  return { chargeId: `ch_${randomUUID()}`, amountMinor: 500, metadata: { refundId: randomUUID(), paymentId: randomUUID() } };
+}
+
+function refundRecord(body: string) {
+  const request = JSON.parse(body) as RefundRequest;
+  return { id: `re_${randomUUID()}`, status: 'succeeded' as const, ...request, failureCode: null, createdAt: new Date().toISOString() };
+}
+
+type RefundRecord = ReturnType<typeof refundRecord>;
+
+/** A lookup's `expected` where the answer holds no record to compare it with. */
+const anyCharge = { amountMinor: 1250, currency: 'EUR' };
+const anyRefund = () => ({ paymentId: randomUUID(), amountMinor: 500 });
+
+/** The JSON of the charge record for `body`, padded with a field the client ignores to exactly `bytes` bytes. */
+function paddedChargeRecord(body: string, bytes: number): string {
+  const record = { ...chargeRecord(body), padding: '' };
+  const padding = bytes - Buffer.byteLength(JSON.stringify(record));
+  return JSON.stringify({ ...record, padding: 'x'.repeat(padding) });
+}
+
+function replyRaw(res: ServerResponse, status: number, text: string): void {
+  res.writeHead(status, { 'content-type': 'application/json' });
+  res.end(text);
+}
+
+/**
+ * Sends the start of a lookup answer and then `bytes` more of JSON whitespace in 64 KiB chunks (no
+ * content-length: chunked), and never ends it: only a client that stops reading at its limit gets
+ * past this before its timeout.
+ */
+function streamEndlessly(res: ServerResponse, status: number, bytes: number): void {
+  res.writeHead(status, { 'content-type': 'application/json' });
+  res.write('{"items":[');
+  const chunk = Buffer.alloc(64 * 1024, ' ');
+  let sent = 0;
+  const next = (): void => {
+    if (res.destroyed || sent >= bytes) return;
+    sent += chunk.length;
+    res.write(chunk, next);
+  };
+  next();
+}
+
 /** Answers every charge with its record, as the provider would. */
 const succeed: Handler = (req, res) => reply(res, 201, chargeRecord(lastBody(req)));
 const hang: Handler = () => undefined;
@@ -107,7 +160,8 @@ let stub: StubProvider;
 const lastBody = (_req: IncomingMessage) => stub.requests[stub.requests.length - 1].body;
 
 const outboundKey = () => `pay_${randomUUID()}`;
-const farDeadline = () => Date.now() + 60_000;
+/** Deadlines are on the monotonic clock (performance.now()), as the client measures them. */
+const farDeadline = () => monotonicNow() + 60_000;
 
 class CapturedLogs implements LoggerService {
   entries: { level: string; fields: unknown; message: unknown }[] = [];
@@ -118,6 +172,9 @@ class CapturedLogs implements LoggerService {
   verbose = (fields: unknown, message?: unknown) => this.entries.push({ level: 'verbose', fields, message });
 }
 const logs = new CapturedLogs();
+
+/** Error entries raised as alerts (`alert: true`): what must reach a human. */
+const alerts = () => logs.entries.filter((e) => e.level === 'error' && (e.fields as { alert?: unknown } | undefined)?.alert === true);
 
 let registry: Registry;
 
@@ -257,6 +314,74 @@ describe('PspClient writes', () => {
     expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 201 after 1 attempt' });
   });
 
+  it.each<[string, (c: ChargeRecord) => unknown, string]>([
+    ['amountMinor', (c) => ({ ...c, amountMinor: c.amountMinor + 1 }), 'amountMinor 1251 ≠ ours 1250'],
+    ['currency', (c) => ({ ...c, currency: 'USD' }), 'currency USD ≠ ours EUR'],
+    ['metadata.paymentId', (c) => ({ ...c, metadata: { ...c.metadata, paymentId: 'pay_other' } }), 'metadata.paymentId pay_other ≠ ours '],
+    ['metadata.orderId', (c) => ({ ...c, metadata: { ...c.metadata, orderId: 'ord_other' } }), 'metadata.orderId ord_other ≠ ours '],
+  ])('calls a 201 with another %s than asked for unknown, raises an alert, and does not retry', async (_field, alter, disagreement) => {
+    stub.script((req, res) => reply(res, 201, alter(chargeRecord(lastBody(req)))));
+    const key = outboundKey();
+
+    const result = await client().createCharge(chargeRequest(), key, farDeadline());
+
+    expect(result.kind).toBe('unknown');
+    expect(result.kind === 'unknown' && result.reason.startsWith(`the answer does not match the request: ${disagreement}`)).toBe(true);
+    expect(stub.requests).toHaveLength(1);
+    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', outboundKey: key, alert: true }) })]);
+    expect(await metricValue('psp_calls_total', { operation: 'charge', outcome: 'unknown' })).toBe(1);
+    expect(await metricValue('psp_calls_total', { operation: 'charge', outcome: 'succeeded' })).toBe(0);
+  });
+
+  it('calls a 402 for another amount than asked for unknown too, not declined', async () => {
+    stub.script((req, res) => reply(res, 402, { ...chargeRecord(lastBody(req), 'failed'), amountMinor: 99 }));
+
+    const result = await client().createCharge(chargeRequest('tok_chargeDeclined'), outboundKey(), farDeadline());
+
+    expect(result).toEqual({ kind: 'unknown', reason: 'the answer does not match the request: amountMinor 99 ≠ ours 1250' });
+    expect(stub.requests).toHaveLength(1);
+    expect(alerts()).toHaveLength(1);
+  });
+
+  it.each<[string, (r: RefundRecord) => unknown, string]>([
+    ['amountMinor', (r) => ({ ...r, amountMinor: 400 }), 'amountMinor 400 ≠ ours 500'],
+    ['chargeId', (r) => ({ ...r, chargeId: 'ch_other' }), 'chargeId ch_other ≠ ours ch_'],
+    ['metadata.refundId', (r) => ({ ...r, metadata: { ...r.metadata, refundId: 'ref_other' } }), 'metadata.refundId ref_other ≠ ours '],
+  ])('calls a refund 201 with another %s than asked for unknown, raises an alert, and does not retry', async (_field, alter, disagreement) => {
+    stub.script((req, res) => reply(res, 201, alter(refundRecord(lastBody(req)))));
+    const key = outboundKey();
+
+    const result = await client().createRefund(refundRequest(), key, farDeadline());
+
+    expect(result.kind).toBe('unknown');
+    expect(result.kind === 'unknown' && result.reason.startsWith(`the answer does not match the request: ${disagreement}`)).toBe(true);
+    expect(stub.requests).toHaveLength(1);
+    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'refund', outboundKey: key, alert: true }) })]);
+    expect(await metricValue('psp_calls_total', { operation: 'refund', outcome: 'unknown' })).toBe(1);
+    expect(await metricValue('psp_calls_total', { operation: 'refund', outcome: 'succeeded' })).toBe(0);
+  });
+
+  it('reads a 201 of exactly MAX_RESPONSE_BYTES', async () => {
+    stub.script((req, res) => replyRaw(res, 201, paddedChargeRecord(lastBody(req), MAX_RESPONSE_BYTES)));
+
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result.kind).toBe('succeeded');
+    expect(stub.requests).toHaveLength(1);
+  });
+
+  it('calls a 201 over MAX_RESPONSE_BYTES unknown: an unreadable answer, retried like a network error until the attempts are spent', async () => {
+    stub.script((req, res) => replyRaw(res, 201, paddedChargeRecord(lastBody(req), MAX_RESPONSE_BYTES + 1)));
+    const key = outboundKey();
+
+    const result = await client({ maxAttempts: 3 }).createCharge(chargeRequest(), key, farDeadline());
+
+    expect(result).toEqual({ kind: 'unknown', reason: `network: the answer's body is over ${MAX_RESPONSE_BYTES} bytes after 3 attempts` });
+    expect(stub.keys()).toEqual([key, key, key]);
+    expect(await metricValue('psp_attempts_total', { operation: 'charge', result: 'network' })).toBe(3);
+    expect(await metricValue('psp_attempts_total', { operation: 'charge', result: '201' })).toBe(0);
+  });
+
   it('retries under the same key when the connection closes in the middle of the body', async () => {
     stub.script((req, res, n) => {
       if (n > 1) return succeed(req, res, n);
@@ -339,11 +464,11 @@ describe('PspClient writes', () => {
     ['HTTP-date', () => new Date(Date.now() + 30_000).toUTCString()],
   ])('does not wait out a Retry-After (%s) that would end after the deadline', async (_form, retryAfter) => {
     stub.script((_req, res) => reply(res, 503, problem(503, 'down'), { 'retry-after': retryAfter() }));
-    const deadline = Date.now() + 5_000;
+    const deadline = monotonicNow() + 5_000;
 
     const result = await client().createCharge(chargeRequest(), outboundKey(), deadline);
 
-    expect(Date.now()).toBeLessThan(deadline);
+    expect(monotonicNow()).toBeLessThan(deadline);
     expect(result.kind).toBe('unknown');
     expect(result.kind === 'unknown' && result.reason).toMatch(/^Retry-After of (29|30) s would end after the deadline; last of 1 attempt: HTTP 503$/);
     expect(stub.requests).toHaveLength(1);
@@ -352,7 +477,7 @@ describe('PspClient writes', () => {
   it('sends nothing when the deadline is closer than one attempt could take', async () => {
     stub.script(succeed);
 
-    const result = await client({ timeoutMs: 2_000 }).createCharge(chargeRequest(), outboundKey(), Date.now() + 500);
+    const result = await client({ timeoutMs: 2_000 }).createCharge(chargeRequest(), outboundKey(), monotonicNow() + 500);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'the deadline leaves no time for an attempt' });
     expect(stub.requests).toHaveLength(0);
@@ -363,7 +488,7 @@ describe('PspClient writes', () => {
     const psp = client({ timeoutMs: 150, maxAttempts: 10 });
 
     // Each attempt takes at least 150 ms here, so at most 2 can start and end within 400 ms.
-    const result = await psp.createCharge(chargeRequest(), outboundKey(), Date.now() + 400);
+    const result = await psp.createCharge(chargeRequest(), outboundKey(), monotonicNow() + 400);
 
     expect(result.kind).toBe('unknown');
     expect(result.kind === 'unknown' && result.reason).toMatch(/^the deadline leaves no time for another attempt; last of [12] attempts?: timeout/);
@@ -404,7 +529,7 @@ describe('PspClient circuit breakers', () => {
 
     // Lookups have their own breaker: still asked.
     stub.script((_req, res) => reply(res, 200, { items: [] }));
-    await expect(psp.findChargesByPayment(randomUUID())).resolves.toEqual([]);
+    await expect(psp.findChargesByPayment(randomUUID(), anyCharge)).resolves.toEqual([]);
     expect(stub.requests).toHaveLength(1);
     expect(await metricValue('psp_breaker_state', { breaker: 'lookups' })).toBe(0);
   });
@@ -494,20 +619,28 @@ describe('PspClient lookups', () => {
     stub.script((_req, res) => reply(res, 200, { items: [] }));
     const psp = client();
 
-    await expect(psp.findChargesByPayment(paymentId)).resolves.toEqual([]);
+    await expect(psp.findChargesByPayment(paymentId, anyCharge)).resolves.toEqual([]);
     expect(stub.requests.map((r) => [r.method, r.url, r.headers['idempotency-key']])).toEqual([['GET', `/psp/charges?paymentId=${paymentId}`, undefined]]);
+
+    // Records that match what we expect are returned, all of them.
+    const charges = [chargeItem(paymentId), chargeItem(paymentId, (c) => ({ ...c, status: 'failed', failureCode: 'card_declined' }))];
+    stub.script((_req, res) => reply(res, 200, { items: charges }));
+    await expect(psp.findChargesByPayment(paymentId, { amountMinor: 1250, currency: 'EUR' })).resolves.toEqual(charges);
 
     const refundId = randomUUID();
     const refund = { id: 're_1', status: 'succeeded', chargeId: 'ch_1', amountMinor: 5, failureCode: null, metadata: { refundId, paymentId }, createdAt: new Date().toISOString() };
     stub.script((_req, res) => reply(res, 200, { items: [refund] }));
-    await expect(psp.findRefundsByRefund(refundId)).resolves.toEqual([refund]);
+    await expect(psp.findRefundsByRefund(refundId, { paymentId, amountMinor: 5 })).resolves.toEqual([refund]);
     expect(stub.requests[0].url).toBe(`/psp/refunds?refundId=${refundId}`);
+    expect(alerts()).toEqual([]);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'ok' })).toBe(2);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-refunds', outcome: 'ok' })).toBe(1);
   });
 
   it('encodes the id into the query', async () => {
     stub.script((_req, res) => reply(res, 200, { items: [] }));
 
-    await client().findChargesByPayment('a&b=c');
+    await client().findChargesByPayment('a&b=c', anyCharge);
 
     expect(stub.requests[0].url).toBe('/psp/charges?paymentId=a%26b%3Dc');
   });
@@ -515,7 +648,7 @@ describe('PspClient lookups', () => {
   it('throws PspUnreachableError after every attempt got a 5xx', async () => {
     stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
 
-    await expect(client({ maxAttempts: 3 }).findChargesByPayment(randomUUID())).rejects.toThrow(PspUnreachableError);
+    await expect(client({ maxAttempts: 3 }).findChargesByPayment(randomUUID(), anyCharge)).rejects.toThrow(PspUnreachableError);
     expect(stub.requests).toHaveLength(3);
     expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'unreachable' })).toBe(1);
   });
@@ -523,7 +656,7 @@ describe('PspClient lookups', () => {
   it('throws PspUnreachableError when every attempt times out', async () => {
     stub.script(hang);
 
-    const error = await client({ timeoutMs: 150, maxAttempts: 2 }).findRefundsByRefund(randomUUID()).catch((e: unknown) => e);
+    const error = await client({ timeoutMs: 150, maxAttempts: 2 }).findRefundsByRefund(randomUUID(), anyRefund()).catch((e: unknown) => e);
 
     expect(error).toBeInstanceOf(PspUnreachableError);
     expect((error as PspUnreachableError).reason).toBe('timeout: no complete answer within 150 ms after 2 attempts');
@@ -532,16 +665,88 @@ describe('PspClient lookups', () => {
   it('throws PspUnreachableError for a 200 it cannot read, rather than answer "none"', async () => {
     stub.script((_req, res) => reply(res, 200, { items: [{ id: 'ch_1' }] }));
 
-    await expect(client().findChargesByPayment(randomUUID())).rejects.toThrow(PspUnreachableError);
+    await expect(client().findChargesByPayment(randomUUID(), anyCharge)).rejects.toThrow(PspUnreachableError);
+  });
+
+  it('stops reading a lookup answer at MAX_RESPONSE_BYTES and throws PspUnreachableError, after every attempt', async () => {
+    stub.script((_req, res) => streamEndlessly(res, 200, 4 * MAX_RESPONSE_BYTES));
+
+    const error = await client({ maxAttempts: 2 }).findChargesByPayment(randomUUID(), anyCharge).catch((e: unknown) => e);
+
+    expect(error).toBeInstanceOf(PspUnreachableError);
+    expect((error as PspUnreachableError).reason).toBe(`network: the answer's body is over ${MAX_RESPONSE_BYTES} bytes after 2 attempts`);
+    expect(stub.requests).toHaveLength(2);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'unreachable' })).toBe(1);
+  });
+
+  it.each([400, 404, 422])('throws PspUnreachableError for a lookup refused with %i, never [], with an alert and without retrying', async (status) => {
+    // Even with a body that reads as an empty list: a refusal is no answer.
+    stub.script((_req, res) => reply(res, status, { ...problem(status, 'no'), items: [] }));
+    const paymentId = randomUUID();
+
+    const error = await client().findChargesByPayment(paymentId, anyCharge).catch((e: unknown) => e);
+
+    expect(error).toBeInstanceOf(PspUnreachableError);
+    expect((error as PspUnreachableError).reason).toBe(`the provider refused the lookup (HTTP ${status})`);
+    expect(stub.requests).toHaveLength(1);
+    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'lookup-charges', query: { paymentId }, status, alert: true }) })]);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'refused' })).toBe(1);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'ok' })).toBe(0);
+  });
+
+  it('throws PspUnreachableError for a refused refund lookup as well', async () => {
+    stub.script((_req, res) => reply(res, 404, problem(404, 'no such route')));
+
+    await expect(client().findRefundsByRefund(randomUUID(), anyRefund())).rejects.toThrow(PspUnreachableError);
+    expect(stub.requests).toHaveLength(1);
+    expect(alerts()).toHaveLength(1);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-refunds', outcome: 'refused' })).toBe(1);
+  });
+
+  it.each<[string, (paymentId: string) => unknown[], string]>([
+    ['another metadata.paymentId', () => [chargeItem('pay_other')], 'metadata.paymentId pay_other ≠ ours '],
+    ['another amountMinor', (id) => [chargeItem(id, (c) => ({ ...c, amountMinor: 1200 }))], 'amountMinor 1200 ≠ ours 1250'],
+    ['another currency', (id) => [chargeItem(id, (c) => ({ ...c, currency: 'GBP' }))], 'currency GBP ≠ ours EUR'],
+    ['a second item with another amountMinor', (id) => [chargeItem(id), chargeItem(id, (c) => ({ ...c, amountMinor: 1 }))], 'amountMinor 1 ≠ ours 1250'],
+  ])('throws PspUnreachableError for a charge lookup answered with %s, with an alert', async (_case, items, disagreement) => {
+    const paymentId = randomUUID();
+    stub.script((_req, res) => reply(res, 200, { items: items(paymentId) }));
+
+    const error = await client().findChargesByPayment(paymentId, { amountMinor: 1250, currency: 'EUR' }).catch((e: unknown) => e);
+
+    expect(error).toBeInstanceOf(PspUnreachableError);
+    expect((error as PspUnreachableError).reason.startsWith(`the answer does not match: ${disagreement}`)).toBe(true);
+    expect(stub.requests).toHaveLength(1);
+    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'lookup-charges', query: { paymentId }, alert: true }) })]);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'unknown' })).toBe(1);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'ok' })).toBe(0);
+  });
+
+  it.each<[string, (r: Record<string, unknown> & { metadata: Record<string, string> }) => unknown, string]>([
+    ['another metadata.paymentId', (r) => ({ ...r, metadata: { ...r.metadata, paymentId: 'pay_other' } }), 'metadata.paymentId pay_other ≠ ours '],
+    ['another amountMinor', (r) => ({ ...r, amountMinor: 4 }), 'amountMinor 4 ≠ ours 5'],
+    ['another metadata.refundId', (r) => ({ ...r, metadata: { ...r.metadata, refundId: 'ref_other' } }), 'metadata.refundId ref_other ≠ ours '],
+  ])('throws PspUnreachableError for a refund lookup answered with %s, with an alert', async (_case, alter, disagreement) => {
+    const [refundId, paymentId] = [randomUUID(), randomUUID()];
+    const refund = { id: 're_1', status: 'succeeded', chargeId: 'ch_1', amountMinor: 5, failureCode: null, metadata: { refundId, paymentId }, createdAt: new Date().toISOString() };
+    stub.script((_req, res) => reply(res, 200, { items: [alter(refund)] }));
+
+    const error = await client().findRefundsByRefund(refundId, { paymentId, amountMinor: 5 }).catch((e: unknown) => e);
+
+    expect(error).toBeInstanceOf(PspUnreachableError);
+    expect((error as PspUnreachableError).reason.startsWith(`the answer does not match: ${disagreement}`)).toBe(true);
+    expect(stub.requests).toHaveLength(1);
+    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'lookup-refunds', alert: true }) })]);
+    expect(await metricValue('psp_calls_total', { operation: 'lookup-refunds', outcome: 'unknown' })).toBe(1);
   });
 
   it('has its own breaker: once open, lookups throw without calling, and charges still go out', async () => {
     stub.script((_req, res) => reply(res, 500, problem(500, 'down')));
     const psp = client({ maxAttempts: 1, breakerThreshold: 2 });
-    for (let i = 0; i < 2; i++) await expect(psp.findChargesByPayment(randomUUID())).rejects.toThrow(PspUnreachableError);
+    for (let i = 0; i < 2; i++) await expect(psp.findChargesByPayment(randomUUID(), anyCharge)).rejects.toThrow(PspUnreachableError);
     expect(stub.requests).toHaveLength(2);
 
-    const error = await psp.findRefundsByRefund(randomUUID()).catch((e: unknown) => e);
+    const error = await psp.findRefundsByRefund(randomUUID(), anyRefund()).catch((e: unknown) => e);
     expect((error as PspUnreachableError).reason).toMatch(/^lookups breaker open/);
     expect(stub.requests).toHaveLength(2);
 

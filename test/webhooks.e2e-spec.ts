@@ -3,7 +3,7 @@ import { Webhook } from 'standardwebhooks';
 import request from 'supertest';
 import type { PspCallResult, PspRefund, RefundRequest } from '../src/psp-client/psp-client';
 import { PspClient } from '../src/psp-client/psp-client';
-import { LateChargeRefunder } from '../src/webhooks/late-charge-refunder';
+import { LateChargeRefunder } from '../src/payments/late-charge-refunder';
 import { ProcessedWebhookEventReaper } from '../src/webhooks/processed-webhook-event-reaper';
 import { ALICE, bearer, startTestApp, type TestApp } from './support/test-app';
 

@@ -136,7 +136,7 @@ export async function startOurs({ databaseUrl, tag = 'ours', env = {} }) {
     env: {
       PATH: process.env.PATH, PORT: String(port), DATABASE_URL: databaseUrl, LOG_LEVEL: 'warn',
       API_KEYS: Object.entries(OURS_CLIENTS).map(([c, s]) => `${c}:${s}`).join(','),
-      PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(OURS_SECRET).toString('base64')}`, ...env,
+      PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(OURS_SECRET).toString('base64')}`, PSP_SANDBOX: 'in-process', ...env,
     },
     stdio: ['ignore', out, out],
   });

@@ -18,6 +18,9 @@ const VARIABLES = [
   'DATABASE_POOL_WAIT_MS',
   'SUBMIT_TOKEN_TTL_SECONDS',
   'PSP_BASE_URL',
+  'PSP_SANDBOX',
+  'PSP_MAX_LATENCY_MS',
+  'PSP_KEY_RETENTION_HOURS',
   'PSP_TIMEOUT_MS',
   'PSP_MAX_ATTEMPTS',
   'PSP_BREAKER_THRESHOLD',
@@ -34,7 +37,7 @@ const KEYS = 'alice:alice-secret-0123456789,bob:bob-secret-0123456789';
 /** A well-formed webhook secret: whsec_ + base64 of 32 bytes. */
 const WEBHOOK_SECRET = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
 /** What a real-database run must set at least. */
-const REAL = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET };
+const REAL = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'https://psp.example.com' };
 
 /** The ConfigError loadConfig throws for env; fails the test when it accepts env or throws anything else. */
 function configError(env: Env): ConfigError {
@@ -76,6 +79,10 @@ describe('loadConfig: defaults', () => {
       databasePoolWaitMs: 5000,
       submitTokenTtlSeconds: 600,
       pspBaseUrl: undefined,
+      pspSandbox: 'in-process',
+      pspSandboxOptedIn: false,
+      pspMaxLatencyMs: 300_000,
+      pspKeyRetentionHours: 24,
       pspTimeoutMs: 2_000,
       pspMaxAttempts: 5,
       pspBreakerThreshold: 5,
@@ -132,6 +139,8 @@ describe('loadConfig: defaults', () => {
       DATABASE_POOL_WAIT_MS: '250',
       SUBMIT_TOKEN_TTL_SECONDS: '120',
       PSP_BASE_URL: 'https://psp.example.com',
+      PSP_MAX_LATENCY_MS: '4000',
+      PSP_KEY_RETENTION_HOURS: '48',
       PSP_TIMEOUT_MS: '1500',
       PSP_MAX_ATTEMPTS: '4',
       PSP_BREAKER_THRESHOLD: '3',
@@ -157,6 +166,10 @@ describe('loadConfig: defaults', () => {
       databasePoolWaitMs: 250,
       submitTokenTtlSeconds: 120,
       pspBaseUrl: 'https://psp.example.com',
+      pspSandbox: 'off',
+      pspSandboxOptedIn: false,
+      pspMaxLatencyMs: 4000,
+      pspKeyRetentionHours: 48,
       pspTimeoutMs: 1500,
       pspMaxAttempts: 4,
       pspBreakerThreshold: 3,
@@ -168,6 +181,30 @@ describe('loadConfig: defaults', () => {
       reconcileIntervalMs: 0,
       logLevel: 'debug',
     });
+  });
+});
+
+describe('loadConfig: the sandbox provider never serves a real database by accident', () => {
+  const withoutProvider = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET };
+
+  it('is mounted in-process on the embedded database', () => {
+    expect(loadConfig({})).toMatchObject({ pspSandbox: 'in-process', pspSandboxOptedIn: false });
+  });
+
+  it('with DATABASE_URL and no provider, start-up stops naming PSP_BASE_URL and PSP_SANDBOX', () => {
+    const err = configError(withoutProvider);
+    expect(err.variable).toBe('PSP_BASE_URL');
+    expect(err.message).toContain('PSP_SANDBOX=in-process');
+  });
+
+  it('with DATABASE_URL, PSP_SANDBOX=in-process mounts it, flagged for the start-up warning', () => {
+    expect(loadConfig({ ...withoutProvider, PSP_SANDBOX: 'in-process' })).toMatchObject({ pspSandbox: 'in-process', pspSandboxOptedIn: true });
+  });
+
+  it('a named provider turns it off; naming both, or another PSP_SANDBOX value, is refused', () => {
+    expect(loadConfig(REAL)).toMatchObject({ pspSandbox: 'off', pspBaseUrl: 'https://psp.example.com' });
+    expect(configError({ ...REAL, PSP_SANDBOX: 'in-process' }).variable).toBe('PSP_SANDBOX');
+    expect(configError({ ...withoutProvider, PSP_SANDBOX: 'yes' }).variable).toBe('PSP_SANDBOX');
   });
 });
 
@@ -197,6 +234,10 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['SUBMIT_TOKEN_TTL_SECONDS', { SUBMIT_TOKEN_TTL_SECONDS: 'x' }],
     ['PSP_BASE_URL', { PSP_BASE_URL: 'ftp://x' }],
     ['PSP_BASE_URL', { PSP_BASE_URL: 'not a url' }],
+    ['PSP_MAX_LATENCY_MS', { PSP_MAX_LATENCY_MS: '-1' }],
+    ['PSP_MAX_LATENCY_MS', { PSP_MAX_LATENCY_MS: '5m' }],
+    ['PSP_KEY_RETENTION_HOURS', { PSP_KEY_RETENTION_HOURS: '0' }],
+    ['PSP_SANDBOX', { PSP_SANDBOX: 'yes' }],
     ['PSP_TIMEOUT_MS', { PSP_TIMEOUT_MS: '0' }],
     ['PSP_MAX_ATTEMPTS', { PSP_MAX_ATTEMPTS: '2' }],
     ['PSP_MAX_ATTEMPTS', { PSP_MAX_ATTEMPTS: 'five' }],
@@ -357,9 +398,10 @@ describe('loadConfig: every problem at once', () => {
     ]);
   });
 
-  it('names both secrets a real database requires when both are missing, not one per start', () => {
+  it('names everything a real database requires when all of it is missing, not one per start', () => {
     const err = configError({ DATABASE_URL: PG_URL });
-    expect(err.variables).toEqual(['API_KEYS', 'PSP_WEBHOOK_SECRET']);
+    expect(err.variables).toEqual(['API_KEYS', 'PSP_WEBHOOK_SECRET', 'PSP_BASE_URL']);
+    expect(err.message).toContain('PSP_BASE_URL is required when DATABASE_URL is set');
     expect(err.message).toContain('API_KEYS is required when DATABASE_URL is set');
     expect(err.message).toContain('PSP_WEBHOOK_SECRET is required when DATABASE_URL is set');
   });

@@ -26,6 +26,21 @@ export interface AppConfig {
   databasePoolWaitMs: number;
   submitTokenTtlSeconds: number;
   pspBaseUrl?: string;
+  /**
+   * Where the sandbox provider runs: `in-process` mounts it on this service's port (the embedded
+   * database, or PSP_SANDBOX=in-process); `off` when PSP_BASE_URL names a provider.
+   */
+  pspSandbox: 'in-process' | 'off';
+  /** True when the sandbox is mounted on a real database because PSP_SANDBOX asked for it: warned at start-up. */
+  pspSandboxOptedIn: boolean;
+  /**
+   * How late the provider may still act on a request after it was sent (a queue in a load balancer,
+   * a retrying proxy): until then an abandoned attempt is "maybe still on its way", and nobody may
+   * decide that the provider never saw it.
+   */
+  pspMaxLatencyMs: number;
+  /** How long the provider remembers an Idempotency-Key: a payment is re-sent under its outbound key only within it. */
+  pspKeyRetentionHours: number;
   pspTimeoutMs: number;
   /** Attempts per outbound call, the first included (§3.7). */
   pspMaxAttempts: number;
@@ -193,6 +208,26 @@ function webhookSecret(env: Env, raw: string): string {
   return raw;
 }
 
+/**
+ * The sandbox authenticates nobody and answers test tokens as payments: on a real database it is
+ * mounted only when asked for by name, so a deployment that forgets PSP_BASE_URL does not start.
+ */
+function pspSandbox(env: Env, databaseUrl: string | undefined, pspBaseUrl: string | undefined): Pick<AppConfig, 'pspSandbox' | 'pspSandboxOptedIn'> {
+  const raw = env.PSP_SANDBOX?.trim() || undefined;
+  const off = { pspSandbox: 'off', pspSandboxOptedIn: false } as const;
+  if (raw !== undefined && raw !== 'in-process') return invalid(env, new ConfigError('PSP_SANDBOX', 'must be in-process or unset', raw), off);
+  if (pspBaseUrl) {
+    if (raw) return invalid(env, new ConfigError('PSP_SANDBOX', 'must be unset when PSP_BASE_URL names the provider (set one of the two)', raw), off);
+    return off;
+  }
+  if (databaseUrl && !raw) {
+    const problem =
+      'is required when DATABASE_URL is set: name your payment provider, or set PSP_SANDBOX=in-process to mount the unauthenticated test sandbox on this port (demos only)';
+    return invalid(env, new ConfigError('PSP_BASE_URL', problem, ''), off);
+  }
+  return { pspSandbox: 'in-process', pspSandboxOptedIn: databaseUrl !== undefined };
+}
+
 function webhookDelivery(env: Env): AppConfig['pspWebhookDelivery'] {
   const raw = env.PSP_WEBHOOK_URL;
   if (raw === 'none') return { to: 'none' };
@@ -271,6 +306,7 @@ function readConfig(env: Env): AppConfig {
       String(idempotencyLeaseSeconds),
     ), undefined);
   }
+  const pspBaseUrl = url(env, 'PSP_BASE_URL', ['http:', 'https:']);
   return {
     // 3000: what a Nest (or any Node) developer tries first. 0 = any free port (tests).
     port: integer(env, 'PORT', 3000, 0, 65535),
@@ -292,7 +328,13 @@ function readConfig(env: Env): AppConfig {
     databasePoolWaitMs: integer(env, 'DATABASE_POOL_WAIT_MS', 5_000, 1, 60_000),
     // 10 min: a form is filled in and submitted well within it; an abandoned token soon stops counting.
     submitTokenTtlSeconds: integer(env, 'SUBMIT_TOKEN_TTL_SECONDS', 600, 1, 86_400),
-    pspBaseUrl: url(env, 'PSP_BASE_URL', ['http:', 'https:']),
+    pspBaseUrl,
+    ...pspSandbox(env, databaseUrl, pspBaseUrl),
+    // 5 min: a request queued behind a load balancer or a retrying proxy is acted on within seconds; minutes
+    // is the bound real providers' own retries and queues stay inside. 0 trusts that a request is never late.
+    pspMaxLatencyMs: integer(env, 'PSP_MAX_LATENCY_MS', 300_000, 0, 86_400_000),
+    // 24 h, as Stripe keeps a key: past it the same key could make a new charge, so only lookups are safe.
+    pspKeyRetentionHours: integer(env, 'PSP_KEY_RETENTION_HOURS', 24, 1, 720),
     pspTimeoutMs,
     pspMaxAttempts,
     // 5 consecutive failed calls (each already retried): the provider is down, not flaky; stop piling on.

@@ -190,6 +190,15 @@ export class Database {
     return client;
   }
 
+  /**
+   * Runs `fn` as if no transaction were open: its statements and transactions use connections of their own.
+   * For work that must commit on its own before the caller's transaction goes on (settling a stale payment
+   * before a cancel locks the order): done inside, it would wait on the caller's own locks.
+   */
+  outsideTransaction<T>(fn: () => Promise<T>): Promise<T> {
+    return this.current.exit(fn);
+  }
+
   /** Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves, rolls back when it throws. */
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();

@@ -1,5 +1,6 @@
 import { Inject, Injectable, Logger } from '@nestjs/common';
 import type { FastifyRequest as Request } from 'fastify';
+import { monotonicNow } from '../common/monotonic-clock.js';
 import { ProblemException } from '../common/problem.js';
 import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
@@ -19,7 +20,7 @@ export interface LeasedKey {
   id: string;
   leaseToken: string;
   recoveryPoint: string;
-  /** Epoch ms by which this holder must have stopped calling out (the lease end minus a margin). */
+  /** Monotonic ms (monotonicNow) by which this holder must have stopped calling out (the lease end minus a margin). */
   deadline: number;
 }
 
@@ -79,13 +80,22 @@ const CLAIM_PHASED_KEY = `
 
 /**
  * Takes over an unfinished key whose lease has run out: the one conditional UPDATE a retry and the
- * reconciler both use, so only one of them can hold the key at a time.
+ * reconciler both use, so only one of them can hold the key at a time. With $3, also a key that nobody
+ * holds but that is set aside until its outcome can be decided (`setAside`): the request's own retry
+ * may resume it at once (it may re-send under the same outbound key), while the reconciler waits.
  */
 const TAKE_OVER_LEASE = `
   UPDATE idempotency_keys
      SET lease_token = gen_random_uuid(), locked_until = clock_timestamp() + make_interval(secs => $2)
-   WHERE id = $1 AND state = 'in_progress' AND (locked_until IS NULL OR locked_until <= clock_timestamp())
+   WHERE id = $1 AND state = 'in_progress'
+     AND (locked_until IS NULL OR locked_until <= clock_timestamp() OR ($3 AND lease_token IS NULL))
   RETURNING ${LEASE_COLUMNS}`;
+
+/**
+ * What a duplicate of a request still in flight is told to wait, whatever is left of the lease: a
+ * payment usually settles in well under a second, and a retry that comes too soon is answered the same way.
+ */
+const IN_FLIGHT_RETRY_AFTER_SECONDS = 2;
 
 const toResponse = (row: PhasedKeyRow): StoredResponse => ({
   status: row.response_status!,
@@ -167,11 +177,12 @@ export class AtomicPhases {
         await this.db.query(`DELETE FROM idempotency_keys WHERE id = $1`, [row.id]);
         continue;
       }
-      if (row.leased) {
+      // A live holder: answer 409. A key only set aside (no holder) is this request's to resume.
+      if (row.leased && row.lease_token !== null) {
         this.note('conflict', scope);
-        throw leaseHeld(Math.max(1, Number(row.lease_seconds_left ?? 1)));
+        throw leaseHeld(Math.min(IN_FLIGHT_RETRY_AFTER_SECONDS, Math.max(1, Number(row.lease_seconds_left ?? 1))));
       }
-      const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, lease]);
+      const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, lease, true]);
       if (taken) {
         this.note('executed', scope);
         this.logger.log({ outcome: 'resumed', clientId: scope.clientId, idempotencyKey: scope.key, recoveryPoint: taken.recovery_point }, 'idempotency resumed');
@@ -201,8 +212,21 @@ export class AtomicPhases {
 
   /** Takes over one unfinished key whose lease has run out (a stale payment found by another request); undefined when it is still leased or finished. */
   async takeOverLease(keyId: string): Promise<LeasedKey | undefined> {
-    const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.config.idempotencyLeaseSeconds]);
+    const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.config.idempotencyLeaseSeconds, false]);
     return taken && this.leased(taken);
+  }
+
+  /**
+   * Gives the lease up without an answer, and keeps the reconciler (and other keys' requests) away for
+   * `ms`: the outcome cannot be decided before then (an abandoned attempt may still reach the provider).
+   * The request's own retry may still resume it (see TAKE_OVER_LEASE). Fenced like `release`.
+   */
+  async setAside(key: LeasedKey, ms: number): Promise<void> {
+    await this.db.query(
+      `UPDATE idempotency_keys SET locked_until = clock_timestamp() + make_interval(secs => $3), lease_token = NULL
+        WHERE id = $1 AND lease_token = $2 AND state = 'in_progress'`,
+      [key.id, key.leaseToken, Math.max(0, ms) / 1000],
+    );
   }
 
   /**
@@ -268,7 +292,7 @@ export class AtomicPhases {
       id: row.id,
       leaseToken: row.lease_token,
       recoveryPoint: row.recovery_point,
-      deadline: Date.now() + row.lease_ms_left - LEASE_MARGIN_MS,
+      deadline: monotonicNow() + row.lease_ms_left - LEASE_MARGIN_MS,
     };
   }
 

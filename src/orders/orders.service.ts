@@ -192,6 +192,8 @@ function invalidTransition(order: OrderView, target: OrderStatus): ProblemExcept
 
 @Injectable()
 export class OrdersService {
+  private settleStalePayments?: (clientId: string, orderId: string) => Promise<void>;
+
   constructor(private readonly db: Database) {}
 
   async createOrder(clientId: string, dto: CreateOrderDto): Promise<CreatedOrder> {
@@ -288,6 +290,8 @@ export class OrdersService {
   async transitionOrder(clientId: string, id: string, target: OrderStatus): Promise<TransitionResult> {
     if (!isUUID(id)) throw orderNotFound(id);
     const from = allowedFrom(target);
+    // Before the order's lock, and committed on its own: settling takes that lock too.
+    if (target === 'cancelled' && this.settleStalePayments) await this.db.outsideTransaction(() => this.settleStalePayments!(clientId, id));
     return this.db.transaction(async () => {
       if (target === 'cancelled') await this.refuseWhilePaymentPending(clientId, id);
       for (let attempt = 0; ; attempt++) {
@@ -301,6 +305,14 @@ export class OrdersService {
         throw invalidTransition(current, target);
       }
     });
+  }
+
+  /**
+   * Who settles a pending payment whose request gave up (the payments module's reconciler), so that a cancel
+   * is not refused for a payment nobody is deciding any more.
+   */
+  settleStalePaymentsWith(settle: (clientId: string, orderId: string) => Promise<void>): void {
+    this.settleStalePayments = settle;
   }
 
   /**

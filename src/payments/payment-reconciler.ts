@@ -5,10 +5,13 @@ import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
 import { Database } from '../database/database.service.js';
 import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
+import { OrdersService } from '../orders/orders.service.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
+import { LateChargeRefunder } from './late-charge-refunder.js';
 import type { ProviderOutcome } from './payment-settlement.js';
 import { PaymentSettlement } from './payment-settlement.js';
 import { PAYMENT_CREATED, REFUND_CREATED } from './payment-records.js';
+import { type AttemptTable, ProviderAttempts } from './provider-attempts.js';
 import { foundChargeOutcome, foundRefundOutcome } from './provider-outcomes.js';
 
 const RECONCILER_JOB = 'payment-reconciler';
@@ -24,12 +27,22 @@ const NOT_FOUND_RECHECK_MS = 1_000;
 /** The answer for a charge or refund the provider never saw: final, so a retry replays 402 instead of waiting forever. */
 const NEVER_REACHED: ProviderOutcome = { status: 'failed', failureCode: 'provider_unreachable' };
 
+/** What the sweep reads of a row it asks the provider about again. */
+interface RecheckRow {
+  id: string;
+  payment_id: string;
+  amount_minor: string;
+  currency: string;
+}
+
 /**
  * Settles payments and refunds whose request gave up (an unknown outcome, a crash) once their
  * lease has run out. It takes each key's lease with the same conditional UPDATE a retry uses, so
  * a reconciler and a retry never act on one payment at once, and SKIP LOCKED lets N instances
  * share the work. Each is looked up at the provider by our own id and settled as phase 3 would,
- * completing the key, so a later retry replays the final answer.
+ * completing the key, so a later retry replays the final answer. It never decides "the provider
+ * never saw it" while an abandoned attempt may still land (ProviderAttempts), and it sweeps rows it
+ * failed that way for money that landed after every bound.
  */
 @Injectable()
 export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
@@ -41,9 +54,16 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     private readonly phases: AtomicPhases,
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
+    private readonly attempts: ProviderAttempts,
+    private readonly lateCharges: LateChargeRefunder,
     private readonly scheduler: SchedulerRegistry,
+    orders: OrdersService,
     @Inject(APP_CONFIG) private readonly config: AppConfig,
-  ) {}
+  ) {
+    // A cancel that finds a pending payment past its lease settles it first, as a new pay does. Orders cannot import
+    // payments (payments import orders), so the cancel is handed this instead.
+    orders.settleStalePaymentsWith((clientId, orderId) => this.reconcileStalePaymentsOf(clientId, orderId));
+  }
 
   /** Registered with @nestjs/schedule, which clears it when the app closes; the period comes from config, so not @Interval(). */
   onModuleInit(): void {
@@ -61,7 +81,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     await this.running?.catch(() => undefined);
   }
 
-  /** One run over every unfinished key whose lease has run out; a call during a run joins it. Returns how many it settled. */
+  /**
+   * One run over every unfinished key whose lease has run out, then the sweep of rows failed as never reached;
+   * a call during a run joins it. Returns how many keys it settled.
+   */
   reconcile(): Promise<number> {
     this.running ??= this.reconcileAll().finally(() => (this.running = undefined));
     return this.running;
@@ -78,8 +101,11 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
           this.logger.error({ err, keyId: key.id }, 'reconciling a key failed; its lease runs out and it is tried again');
         }
       }
-      if (keys.length < RECONCILE_BATCH) return settled;
+      if (keys.length < RECONCILE_BATCH) break;
     }
+    await this.sweepUnreached('payments');
+    await this.sweepUnreached('refunds');
+    return settled;
   }
 
   /**
@@ -93,18 +119,43 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     return key ? this.reconcileKey(key) : false;
   }
 
-  /** True when it settled the payment or refund; false when the provider could not be asked (the lease is released for the next round). */
+  /** The cancel's "settle it first": each pending payment of the order whose key's lease has run out. */
+  private async reconcileStalePaymentsOf(clientId: string, orderId: string): Promise<void> {
+    const stale = await this.db.query<{ id: string }>(
+      `SELECT p.id FROM payments p JOIN idempotency_keys k ON k.id = p.idempotency_key_id
+        WHERE p.order_id = $1 AND p.client_id = $2 AND p.status = 'pending' AND k.locked_until <= clock_timestamp()`,
+      [orderId, clientId],
+    );
+    for (const { id } of stale) await this.reconcileStalePayment(id);
+  }
+
+  /**
+   * True when it settled the payment or refund; false when it could not be decided yet: the provider could not
+   * be asked (the lease is released for the next round), or it has nothing and an abandoned attempt may still
+   * reach it (the key is set aside until that window has passed; the request's own retry may still resume it).
+   */
   private async reconcileKey(key: LeasedKey): Promise<boolean> {
-    const isPayment = key.recoveryPoint === PAYMENT_CREATED;
-    const [row] = await this.db.query<{ id: string }>(`SELECT id FROM ${isPayment ? 'payments' : 'refunds'} WHERE idempotency_key_id = $1`, [key.id]);
-    if (!row) throw new Error(`unfinished key ${key.id} has no ${isPayment ? 'payment' : 'refund'}`);
-    const lookUp = isPayment
-      ? async () => foundChargeOutcome(await this.psp.findChargesByPayment(row.id))
-      : async () => foundRefundOutcome(await this.psp.findRefundsByRefund(row.id));
+    const table: AttemptTable = key.recoveryPoint === PAYMENT_CREATED ? 'payments' : 'refunds';
+    const [row] =
+      table === 'payments'
+        ? await this.db.query<RecheckRow>(`SELECT id, id AS payment_id, amount_minor, currency FROM payments WHERE idempotency_key_id = $1`, [key.id])
+        : await this.db.query<RecheckRow>(
+            `SELECT r.id, r.payment_id, r.amount_minor, p.currency FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.idempotency_key_id = $1`,
+            [key.id],
+          );
+    if (!row) throw new Error(`unfinished key ${key.id} has no ${table === 'payments' ? 'payment' : 'refund'}`);
+    const lookUp = () => this.lookUp(table, row);
     let outcome: ProviderOutcome | undefined;
     try {
       outcome = await lookUp();
       if (!outcome) {
+        const windowLeftMs = await this.attempts.landingWindowLeft(table, row.id);
+        if (windowLeftMs > 0) {
+          await this.phases.setAside(key, windowLeftMs);
+          this.logger.log({ keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, windowLeftMs: Math.round(windowLeftMs) }, 'not at the provider yet, but an attempt may still land: decided later');
+          return false;
+        }
+        // Both lookups start after the window closed: whatever was on its way has arrived by the second.
         await sleep(NOT_FOUND_RECHECK_MS);
         outcome = (await lookUp()) ?? NEVER_REACHED;
       }
@@ -113,8 +164,55 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
       await this.phases.release(key);
       return false;
     }
-    const result = isPayment ? await this.settlement.settlePayment(row.id, outcome, key.leaseToken) : await this.settlement.settleRefund(row.id, outcome, key.leaseToken);
-    this.logger.log({ keyId: key.id, [isPayment ? 'paymentId' : 'refundId']: row.id, outcome: outcome.status, result: result.kind }, 'reconciled');
+    const result = table === 'payments' ? await this.settlement.settlePayment(row.id, outcome, key.leaseToken) : await this.settlement.settleRefund(row.id, outcome, key.leaseToken);
+    this.logger.log({ keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, outcome: outcome.status, result: result.kind }, 'reconciled');
     return result.kind === 'answered';
+  }
+
+  private lookUp(table: AttemptTable, row: RecheckRow): Promise<ProviderOutcome | undefined> {
+    const amountMinor = Number(row.amount_minor);
+    return table === 'payments'
+      ? this.psp.findChargesByPayment(row.id, { amountMinor, currency: row.currency }).then(foundChargeOutcome)
+      : this.psp.findRefundsByRefund(row.id, { paymentId: row.payment_id, amountMinor }).then(foundRefundOutcome);
+  }
+
+  /**
+   * Money can land after every bound (a provider slower than PSP_MAX_LATENCY_MS promised, an answer lost and
+   * the webhook off). So rows failed as provider_unreachable are asked about again at doubling intervals for
+   * PSP_KEY_RETENTION_HOURS: a charge found is refunded, a refund found is applied to the books. Each row is
+   * claimed by moving its recheck_at (SKIP LOCKED: N instances share the rows, none asks twice).
+   */
+  async sweepUnreached(table: AttemptTable): Promise<number> {
+    const columns = table === 'payments' ? `t.id, t.id AS payment_id, t.amount_minor, t.currency` : `t.id, t.payment_id, t.amount_minor, p.currency`;
+    const rows = await this.db.query<RecheckRow>(
+      `WITH due AS (
+         SELECT id FROM ${table} WHERE recheck_at <= now() ORDER BY recheck_at LIMIT $1 FOR UPDATE SKIP LOCKED
+       ), claimed AS (
+         UPDATE ${table} t
+            SET recheck_at = CASE WHEN now() - t.updated_at > make_interval(hours => $2) THEN NULL ELSE now() + greatest(now() - t.updated_at, interval '1 second') END
+           FROM due WHERE t.id = due.id
+         RETURNING t.id
+       )
+       SELECT ${columns} FROM ${table} t JOIN claimed c ON c.id = t.id ${table === 'refunds' ? 'JOIN payments p ON p.id = t.payment_id' : ''}`,
+      [RECONCILE_BATCH, this.config.pspKeyRetentionHours],
+    );
+    let repaired = 0;
+    for (const row of rows) {
+      try {
+        const outcome = await this.lookUp(table, row);
+        if (outcome?.status !== 'succeeded') continue;
+        if (table === 'payments') {
+          const lateRefundId = await this.db.transaction(() => this.settlement.recordLateCharge({ id: row.id, amount_minor: row.amount_minor }, outcome.providerId, 'sweep'));
+          if (lateRefundId) this.lateCharges.refundInBackground(lateRefundId);
+          if (lateRefundId) repaired++;
+        } else if (await this.db.transaction(() => this.settlement.applyLateRefund(row.id, outcome.providerId, 'sweep'))) {
+          repaired++;
+        }
+      } catch (err) {
+        // Its recheck_at has moved on already: asked again at the next interval.
+        if (!(err instanceof PspUnreachableError)) this.logger.error({ err, table, id: row.id }, 'sweeping a row failed; it is asked about again later');
+      }
+    }
+    return repaired;
   }
 }

@@ -1,10 +1,22 @@
-import { Injectable } from '@nestjs/common';
+import { Injectable, Logger } from '@nestjs/common';
 import { Database } from '../database/database.service.js';
 import { retryOnceOnDeadlock } from '../database/pg-errors.js';
 import { AtomicPhases } from '../idempotency/atomic-phases.js';
 import type { StoredResponse } from '../idempotency/idempotency-keys.service.js';
 import { OrdersService } from '../orders/orders.service.js';
-import { paymentAnswer, type PaymentRow, refundAnswer, type RefundRow } from './payment-records.js';
+import { type FoundBy, LateChargeRefunder } from './late-charge-refunder.js';
+import { PaymentMetrics } from './payment-metrics.js';
+import { PAYMENT_COLUMNS, paymentAnswer, type PaymentRow, prefixed, REFUND_COLUMNS, refundAnswer, type RefundRow } from './payment-records.js';
+
+/**
+ * A payment or refund failed as provider_unreachable is asked about again this long after (then at
+ * doubling intervals, see PaymentReconciler): money can land after every bound, and only a lookup
+ * finds it when webhooks are off or lost. Sooner than a minute would mostly repeat the decision's own lookups.
+ */
+export const FIRST_RECHECK_SECONDS = 60;
+
+/** `recheck_at` for a row being settled with failure code $4: the sweep watches only rows we failed without the provider's word. */
+const RECHECK_IF_UNREACHED = `CASE WHEN $4 = 'provider_unreachable' THEN now() + make_interval(secs => ${FIRST_RECHECK_SECONDS}) END`;
 
 /** What the provider said about a charge or a refund (or, for provider_unreachable, that it never saw one). */
 export type ProviderOutcome =
@@ -13,7 +25,7 @@ export type ProviderOutcome =
 
 export type Settled =
   /** The key's answer: the one this settler stored, or the one whoever settled first stored. `changed`: this settler settled it. */
-  | { kind: 'answered'; response: StoredResponse; changed: boolean }
+  | { kind: 'answered'; response: StoredResponse; changed: boolean; lateRefundId?: string }
   /** This holder's lease was taken over: the new holder settles and answers. */
   | { kind: 'lost' };
 
@@ -26,15 +38,24 @@ export type Settled =
  */
 @Injectable()
 export class PaymentSettlement {
+  private readonly logger = new Logger('PaymentSettlement');
+
   constructor(
     private readonly db: Database,
     private readonly phases: AtomicPhases,
     private readonly orders: OrdersService,
+    private readonly lateCharges: LateChargeRefunder,
+    private readonly metrics: PaymentMetrics,
   ) {}
 
-  /** `leaseToken`: the settler holds the key's lease (request, retry, reconciler) and writes only while it still does. */
-  settlePayment(paymentId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
-    return retryOnceOnDeadlock(() => this.db.transaction(() => this.applyPaymentOutcome(paymentId, outcome, leaseToken)));
+  /**
+   * `leaseToken`: the settler holds the key's lease (request, retry, reconciler) and writes only while it still does.
+   * A confirmed charge for a payment already failed (or settled with another charge) is refunded once this commits.
+   */
+  async settlePayment(paymentId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
+    const settled = await retryOnceOnDeadlock(() => this.db.transaction(() => this.applyPaymentOutcome(paymentId, outcome, leaseToken)));
+    if (settled.kind === 'answered' && settled.lateRefundId) this.lateCharges.refundInBackground(settled.lateRefundId);
+    return settled;
   }
 
   settleRefund(refundId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
@@ -47,55 +68,108 @@ export class PaymentSettlement {
    * statement aborts its whole transaction.
    */
   async applyPaymentOutcome(paymentId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1`, [paymentId]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
     if (!payment) throw new Error(`payment ${paymentId} vanished while being settled`);
     const key = payment.idempotency_key_id ? await this.phases.lockForSettling(payment.idempotency_key_id, leaseToken) : undefined;
     if (leaseToken !== undefined && !key?.owned) return key?.response ? { kind: 'answered', response: key.response, changed: false } : { kind: 'lost' };
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [payment.order_id]);
     const [settled] = await this.db.query<PaymentRow>(
       `UPDATE payments
-          SET status = $2, provider_transaction_id = coalesce($3, provider_transaction_id), failure_code = $4, updated_at = now()
+          SET status = $2, provider_transaction_id = coalesce($3, provider_transaction_id), failure_code = $4, updated_at = now(),
+              recheck_at = ${RECHECK_IF_UNREACHED}
         WHERE id = $1 AND status = 'pending'
-       RETURNING *`,
+       RETURNING ${PAYMENT_COLUMNS}`,
       [paymentId, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null],
     );
     if (settled?.status === 'succeeded') await this.orders.transitionOrder(settled.client_id, settled.order_id, 'paid');
-    const current = settled ?? (await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1`, [paymentId]))[0];
-    return this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
+    const current = settled ?? (await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]))[0];
+    // The provider confirms a charge, but the payment was settled otherwise first (failed as never reached, or paid
+    // with another charge): that money is not ours to keep, and dropping the confirmation would keep it.
+    const lateRefundId = !settled && outcome.status === 'succeeded' && isLateCharge(current, outcome.providerId) ? await this.recordLateCharge(current, outcome.providerId, 'settler') : undefined;
+    const answered = await this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
+    return answered.kind === 'answered' && lateRefundId ? { ...answered, lateRefundId } : answered;
+  }
+
+  /**
+   * In the caller's transaction: the refund of a charge that landed on `payment` after it was settled without it.
+   * The payment's row lock first (the lock order), so the sweep stops asking about it in the same commit.
+   */
+  async recordLateCharge(payment: Pick<PaymentRow, 'id' | 'amount_minor'>, chargeId: string, foundBy: FoundBy): Promise<string | undefined> {
+    await this.db.query(`UPDATE payments SET recheck_at = NULL WHERE id = $1 AND recheck_at IS NOT NULL`, [payment.id]);
+    return this.lateCharges.requestRefund(payment.id, chargeId, Number(payment.amount_minor), foundBy);
   }
 
   /** settleRefund's work inside the caller's transaction (see applyPaymentOutcome). */
   async applyRefundOutcome(refundId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
     const [refund] = await this.db.query<RefundRow & { order_id: string }>(
-      `SELECT r.*, p.order_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+      `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.order_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
     if (!refund) throw new Error(`refund ${refundId} vanished while being settled`);
     const key = refund.idempotency_key_id ? await this.phases.lockForSettling(refund.idempotency_key_id, leaseToken) : undefined;
     if (leaseToken !== undefined && !key?.owned) return key?.response ? { kind: 'answered', response: key.response, changed: false } : { kind: 'lost' };
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1 FOR UPDATE`, [refund.payment_id]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [refund.payment_id]);
     const [settled] = await this.db.query<RefundRow>(
       `UPDATE refunds
-          SET status = $2, provider_refund_id = coalesce($3, provider_refund_id), failure_code = $4, updated_at = now()
+          SET status = $2, provider_refund_id = coalesce($3, provider_refund_id), failure_code = $4, updated_at = now(),
+              recheck_at = ${RECHECK_IF_UNREACHED}
         WHERE id = $1 AND status = 'pending'
-       RETURNING *`,
+       RETURNING ${REFUND_COLUMNS}`,
       [refundId, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null],
     );
     if (settled?.status === 'failed') {
       // Only the transaction that failed the refund gives its reservation back: exactly once.
       await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor - $2, updated_at = now() WHERE id = $1`, [payment.id, settled.amount_minor]);
     }
-    if (settled?.status === 'succeeded') {
-      // Under the payment's row lock, so two refunds settling at once cannot both miss the total.
-      const [{ refunded }] = await this.db.query<{ refunded: string }>(
-        `SELECT coalesce(sum(amount_minor), 0) AS refunded FROM refunds WHERE payment_id = $1 AND status = 'succeeded'`,
-        [payment.id],
-      );
-      if (Number(refunded) === Number(payment.amount_minor)) await this.orders.transitionOrder(payment.client_id, payment.order_id, 'refunded');
-    }
-    const current = settled ?? (await this.db.query<RefundRow>(`SELECT * FROM refunds WHERE id = $1`, [refundId]))[0];
+    if (settled?.status === 'succeeded') await this.refundedInFull(payment);
+    const current = settled ?? (await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1`, [refundId]))[0];
+    // The provider confirms a refund we had already failed (never reached): the money went back, so the books must say so.
+    if (!settled && outcome.status === 'succeeded' && current.status === 'failed') await this.applyLateRefund(current.id, outcome.providerId, 'settler');
     return this.answer(key, refund.idempotency_key_id, refundAnswer(current), settled !== undefined);
+  }
+
+  /**
+   * In the caller's transaction: a refund we failed that the provider made after all. It becomes succeeded, its
+   * amount counts in the payment's `refunded_minor` again (failing it gave the reservation back), and the order
+   * becomes refunded when that completes the amount. The refund's key keeps the 402 it answered: a completed key
+   * never changes; GET /refunds/:id tells the truth. True when this call applied it.
+   */
+  async applyLateRefund(refundId: string, providerRefundId: string, foundBy: FoundBy): Promise<boolean> {
+    const [facts] = await this.db.query<{ order_id: string; payment_id: string }>(
+      `SELECT p.order_id, r.payment_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+      [refundId],
+    );
+    if (!facts) return false;
+    await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [facts.order_id]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [facts.payment_id]);
+    const [refund] = await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 FOR UPDATE`, [refundId]);
+    if (refund.status !== 'failed') return false;
+    const amount = Number(refund.amount_minor);
+    if (Number(payment.refunded_minor) + amount > Number(payment.amount_minor)) {
+      // Our books already hold more than the payment for refunds (another one pending): the provider will refuse that
+      // one, but this cannot be squared automatically without guessing. Say so loudly; the sweep asks again later.
+      this.logger.error({ refundId, paymentId: payment.id, providerRefundId, alert: true }, 'a refund landed late but our reservations leave no room for it: reconcile by hand');
+      return false;
+    }
+    await this.db.query(
+      `UPDATE refunds SET status = 'succeeded', provider_refund_id = $2, failure_code = NULL, recheck_at = NULL, updated_at = now() WHERE id = $1`,
+      [refundId, providerRefundId],
+    );
+    await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1`, [payment.id, amount]);
+    await this.refundedInFull(payment);
+    this.metrics.lateLandings.inc({ kind: 'refund', found_by: foundBy });
+    this.logger.warn({ refundId, paymentId: payment.id, providerRefundId, amountMinor: amount, foundBy }, 'a refund we had failed landed at the provider: applied to the books');
+    return true;
+  }
+
+  /** Under the payment's row lock, so two refunds settling at once cannot both miss the total. */
+  private async refundedInFull(payment: PaymentRow): Promise<void> {
+    const [{ refunded }] = await this.db.query<{ refunded: string }>(
+      `SELECT coalesce(sum(amount_minor), 0) AS refunded FROM refunds WHERE payment_id = $1 AND status = 'succeeded'`,
+      [payment.id],
+    );
+    if (Number(refunded) === Number(payment.amount_minor)) await this.orders.transitionOrder(payment.client_id, payment.order_id, 'refunded');
   }
 
   /** Completes the key with `answer` when it is still open; when someone completed it first, their stored answer wins. */
@@ -108,3 +182,8 @@ export class PaymentSettlement {
   }
 }
 
+
+/** A confirmed charge that is not the one the payment is settled with. */
+function isLateCharge(payment: PaymentRow, chargeId: string): boolean {
+  return payment.status === 'failed' || (payment.status === 'succeeded' && payment.provider_transaction_id !== chargeId);
+}

@@ -1,7 +1,10 @@
 import { Module } from '@nestjs/common';
 import { IdempotencyModule } from '../idempotency/idempotency.module.js';
 import { OrdersModule } from '../orders/orders.module.js';
+import { LateChargeRefunder } from './late-charge-refunder.js';
+import { PaymentMetrics } from './payment-metrics.js';
 import { PaymentReconciler } from './payment-reconciler.js';
+import { ProviderAttempts } from './provider-attempts.js';
 import { PaymentSettlement } from './payment-settlement.js';
 import { PaymentsController } from './payments.controller.js';
 import { PaymentsService } from './payments.service.js';
@@ -11,7 +14,7 @@ import { RefundsService } from './refunds.service.js';
 @Module({
   imports: [IdempotencyModule, OrdersModule],
   controllers: [PaymentsController, RefundsController],
-  providers: [PaymentsService, RefundsService, PaymentSettlement, PaymentReconciler],
-  exports: [PaymentSettlement],
+  providers: [PaymentsService, RefundsService, PaymentSettlement, PaymentReconciler, PaymentMetrics, LateChargeRefunder, ProviderAttempts],
+  exports: [PaymentSettlement, LateChargeRefunder],
 })
 export class PaymentsModule {}

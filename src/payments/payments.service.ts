@@ -10,9 +10,10 @@ import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { PaymentView } from './dto/payment.view.js';
 import { nothingToPay, orderNotPayable, paymentInProgress, paymentNotFound, paymentPending, providerUnavailable } from './payment-problems.js';
-import { outboundKeyOf, PAYMENT_CREATED, type PaymentRow, toPaymentView } from './payment-records.js';
+import { outboundKeyOf, PAYMENT_COLUMNS, PAYMENT_CREATED, type PaymentRow, prefixed, toPaymentView } from './payment-records.js';
 import { PaymentReconciler } from './payment-reconciler.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
+import { ProviderAttempts } from './provider-attempts.js';
 import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
 
 /** What an idempotent payment endpoint answers: a stored response, sent as it is. */
@@ -23,8 +24,6 @@ export interface KeyAnswer {
 
 /** Phase 1's result: a stored business answer, or the pending payment to charge. */
 type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; paymentId: string; resumed: boolean };
-
-
 
 /**
  * POST /orders/:id/payments as atomic phases (DESIGN §3.3): the charge cannot join our
@@ -40,6 +39,7 @@ export class PaymentsService {
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
     private readonly reconciler: PaymentReconciler,
+    private readonly attempts: ProviderAttempts,
   ) {}
 
   async payOrder(scope: KeyScope, orderId: string, source: string): Promise<KeyAnswer> {
@@ -61,7 +61,7 @@ export class PaymentsService {
     return this.db.transaction(async (): Promise<Phase1> => {
       const acquired = await this.phases.acquire(scope);
       if (acquired.kind === 'completed') return { answer: { response: acquired.response, replayed: true } };
-      if (acquired.kind === 'resumed') return { key: acquired.key, paymentId: await this.paymentOfKey(acquired.key.id), resumed: true };
+      if (acquired.kind === 'resumed') return { key: acquired.key, paymentId: await this.resumePayment(acquired.key.id), resumed: true };
       // Before anything is written: with the provider known to be down, fail now and leave the key free.
       const breaker = this.psp.chargeBreakerOpen();
       if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
@@ -93,11 +93,12 @@ export class PaymentsService {
     if (Number(order.total_minor) === 0) return { refusal: nothingToPay(orderId) };
     // The partial unique index decides, under the order's lock: a payment already active (pending, or succeeded
     // on an order that somehow is still 'created') makes the insert do nothing, and is then named in the 409.
+    // last_attempt_by: this holder calls the provider only before its lease ends (ProviderAttempts).
     const [payment] = await this.db.query<PaymentRow>(
-      `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key)
-       SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id FROM (SELECT gen_random_uuid() AS id) g
+      `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key, last_attempt_by)
+       SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id, (SELECT locked_until FROM idempotency_keys WHERE id = $3) FROM (SELECT gen_random_uuid() AS id) g
        ON CONFLICT (order_id) WHERE status IN ('pending', 'succeeded') DO NOTHING
-       RETURNING *`,
+       RETURNING ${PAYMENT_COLUMNS}`,
       [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
     );
     if (payment) return { payment };
@@ -108,18 +109,20 @@ export class PaymentsService {
   /**
    * Phases 2 and 3. A resumed key first asks the provider what became of the payment (a lookup is
    * cheap and never delayed); only if it has no charge is the charge sent again, under the same
-   * outbound key. An unknown outcome releases the lease and answers 503: NOT stored.
+   * outbound key — which the provider dedupes with an earlier attempt that lands late — and only while
+   * the provider still remembers that key. An unknown outcome releases the lease and answers 503: NOT stored.
    */
   async chargeAndSettle(key: LeasedKey, paymentId: string, resumed: boolean): Promise<StoredResponse> {
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1`, [paymentId]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
     let outcome: ProviderOutcome | undefined;
     if (resumed) {
-      outcome = await this.psp.findChargesByPayment(payment.id).then(foundChargeOutcome, (err: unknown) => {
+      outcome = await this.psp.findChargesByPayment(payment.id, { amountMinor: Number(payment.amount_minor), currency: payment.currency }).then(foundChargeOutcome, (err: unknown) => {
         if (err instanceof PspUnreachableError) return undefined;
         throw err;
       });
     }
-    if (!outcome && payment.status === 'pending') {
+    // Past the provider's key retention the same key could make a second charge: lookups only (the reconciler decides).
+    if (!outcome && payment.status === 'pending' && (!resumed || this.attempts.mayResend(payment.created_at))) {
       const result = await this.psp.createCharge(
         { amountMinor: Number(payment.amount_minor), currency: payment.currency, source: payment.source, metadata: { orderId: payment.order_id, paymentId: payment.id } },
         payment.outbound_key,
@@ -128,7 +131,7 @@ export class PaymentsService {
       outcome = chargeOutcome(result);
     }
     if (!outcome && payment.status === 'pending') {
-      await this.phases.release(key);
+      await this.attempts.gaveUp('payments', payment.id, key);
       throw paymentPending(payment.id);
     }
     // A payment settled meanwhile (a webhook) is answered from its row by the settlement.
@@ -137,17 +140,18 @@ export class PaymentsService {
     return settled.response;
   }
 
-  private async paymentOfKey(keyId: string): Promise<string> {
-    const [payment] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE idempotency_key_id = $1`, [keyId]);
+  /** The payment of a key being resumed, its attempts' bound raised to this holder's lease before it may call out. */
+  private async resumePayment(keyId: string): Promise<string> {
+    const paymentId = await this.attempts.resuming('payments', keyId);
     // Only a key at PAYMENT_CREATED is ever committed unfinished, and its payment was inserted with it.
-    if (!payment) throw new Error(`payment key ${keyId} is unfinished but has no payment`);
-    return payment.id;
+    if (!paymentId) throw new Error(`payment key ${keyId} is unfinished but has no payment`);
+    return paymentId;
   }
 
   async listOrderPayments(clientId: string, orderId: string): Promise<PaymentView[]> {
     if (!isUUID(orderId)) throw orderNotFound(orderId);
     const rows = await this.db.query<PaymentRow & { order_exists: boolean }>(
-      `SELECT p.*, true AS order_exists FROM orders o LEFT JOIN payments p ON p.order_id = o.id
+      `SELECT ${prefixed('p', PAYMENT_COLUMNS)}, true AS order_exists FROM orders o LEFT JOIN payments p ON p.order_id = o.id
         WHERE o.id = $1 AND o.client_id = $2 ORDER BY p.created_at, p.id`,
       [orderId, clientId],
     );
@@ -156,7 +160,7 @@ export class PaymentsService {
   }
 
   async findPayment(clientId: string, id: string): Promise<PaymentView> {
-    const [row] = isUUID(id) ? await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
+    const [row] = isUUID(id) ? await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
     if (!row) throw paymentNotFound(id);
     return toPaymentView(row);
   }

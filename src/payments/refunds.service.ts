@@ -9,7 +9,8 @@ import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';
 import { paymentNotFound, paymentPending, providerUnavailable, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
-import { outboundKeyOf, type PaymentRow, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
+import { outboundKeyOf, PAYMENT_COLUMNS, type PaymentRow, prefixed, REFUND_COLUMNS, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
+import { ProviderAttempts } from './provider-attempts.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
 import { foundRefundOutcome, recordedOutcome, refundOutcome } from './provider-outcomes.js';
 import type { KeyAnswer } from './payments.service.js';
@@ -34,13 +35,14 @@ export class RefundsService {
     private readonly phases: AtomicPhases,
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
+    private readonly attempts: ProviderAttempts,
   ) {}
 
   async refundPayment(scope: KeyScope, paymentId: string, amountMinor: number | undefined): Promise<KeyAnswer> {
     const phase1 = await this.db.transaction(async (): Promise<Phase1> => {
       const acquired = await this.phases.acquire(scope);
       if (acquired.kind === 'completed') return { answer: { response: acquired.response, replayed: true } };
-      if (acquired.kind === 'resumed') return { key: acquired.key, refundId: await this.refundOfKey(acquired.key.id), resumed: true };
+      if (acquired.kind === 'resumed') return { key: acquired.key, refundId: await this.resumeRefund(acquired.key.id), resumed: true };
       const breaker = this.psp.chargeBreakerOpen();
       if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
       const created = await this.createPendingRefund(scope.clientId, paymentId, amountMinor, acquired.key.id);
@@ -61,7 +63,7 @@ export class RefundsService {
     const [found] = isUUID(paymentId) ? await this.db.query<{ order_id: string }>(`SELECT order_id FROM payments WHERE id = $1 AND client_id = $2`, [paymentId, clientId]) : [];
     if (!found) return { refusal: paymentNotFound(paymentId) };
     const [order] = await this.db.query<{ status: OrderStatus }>(`SELECT status FROM orders WHERE id = $1 FOR UPDATE`, [found.order_id]);
-    const [payment] = await this.db.query<PaymentRow>(`SELECT * FROM payments WHERE id = $1 FOR UPDATE`, [paymentId]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [paymentId]);
     if (payment.status !== 'succeeded' || order.status !== 'cancelled') return { refusal: refundNotAllowed(paymentId, payment.status, order.status) };
     const refundable = Number(payment.amount_minor) - Number(payment.refunded_minor);
     const amount = amountMinor ?? refundable;
@@ -74,9 +76,9 @@ export class RefundsService {
         : [];
     if (!reserved) return { refusal: refundExceedsPayment(paymentId, amount, refundable) };
     const [refund] = await this.db.query<RefundRow>(
-      `INSERT INTO refunds (id, client_id, payment_id, idempotency_key_id, amount_minor, outbound_key)
-       SELECT g.id, $1, $2, $3, $4, $5 || g.id FROM (SELECT gen_random_uuid() AS id) g
-       RETURNING *`,
+      `INSERT INTO refunds (id, client_id, payment_id, idempotency_key_id, amount_minor, outbound_key, last_attempt_by)
+       SELECT g.id, $1, $2, $3, $4, $5 || g.id, (SELECT locked_until FROM idempotency_keys WHERE id = $3) FROM (SELECT gen_random_uuid() AS id) g
+       RETURNING ${REFUND_COLUMNS}`,
       [clientId, paymentId, keyId, amount, outboundKeyOf('refund', '')],
     );
     return { refund };
@@ -85,17 +87,17 @@ export class RefundsService {
   /** Phases 2 and 3, as for a payment: look up first when resuming, the same outbound key on every call, 503 while unknown. */
   async refundAndSettle(key: LeasedKey, refundId: string, resumed: boolean): Promise<StoredResponse> {
     const [refund] = await this.db.query<RefundRow & { charge_id: string }>(
-      `SELECT r.*, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+      `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
     let outcome: ProviderOutcome | undefined;
     if (resumed) {
-      outcome = await this.psp.findRefundsByRefund(refund.id).then(foundRefundOutcome, (err: unknown) => {
+      outcome = await this.psp.findRefundsByRefund(refund.id, { paymentId: refund.payment_id, amountMinor: Number(refund.amount_minor) }).then(foundRefundOutcome, (err: unknown) => {
         if (err instanceof PspUnreachableError) return undefined;
         throw err;
       });
     }
-    if (!outcome && refund.status === 'pending') {
+    if (!outcome && refund.status === 'pending' && (!resumed || this.attempts.mayResend(refund.created_at))) {
       const result = await this.psp.createRefund(
         { chargeId: refund.charge_id, amountMinor: Number(refund.amount_minor), metadata: { refundId: refund.id, paymentId: refund.payment_id } },
         refund.outbound_key,
@@ -104,7 +106,7 @@ export class RefundsService {
       outcome = refundOutcome(result);
     }
     if (!outcome && refund.status === 'pending') {
-      await this.phases.release(key);
+      await this.attempts.gaveUp('refunds', refund.id, key);
       throw paymentPending(refund.id, 'refund');
     }
     // A refund settled meanwhile (a webhook) is answered from its row by the settlement.
@@ -113,16 +115,17 @@ export class RefundsService {
     return settled.response;
   }
 
-  private async refundOfKey(keyId: string): Promise<string> {
-    const [refund] = await this.db.query<{ id: string }>(`SELECT id FROM refunds WHERE idempotency_key_id = $1`, [keyId]);
-    if (!refund) throw new Error(`refund key ${keyId} is unfinished but has no refund`);
-    return refund.id;
+  /** The refund of a key being resumed, its attempts' bound raised to this holder's lease before it may call out. */
+  private async resumeRefund(keyId: string): Promise<string> {
+    const refundId = await this.attempts.resuming('refunds', keyId);
+    if (!refundId) throw new Error(`refund key ${keyId} is unfinished but has no refund`);
+    return refundId;
   }
 
   async listPaymentRefunds(clientId: string, paymentId: string): Promise<RefundView[]> {
     if (!isUUID(paymentId)) throw paymentNotFound(paymentId);
     const rows = await this.db.query<RefundRow>(
-      `SELECT r.* FROM payments p LEFT JOIN refunds r ON r.payment_id = p.id WHERE p.id = $1 AND p.client_id = $2 ORDER BY r.created_at, r.id`,
+      `SELECT ${prefixed('r', REFUND_COLUMNS)} FROM payments p LEFT JOIN refunds r ON r.payment_id = p.id WHERE p.id = $1 AND p.client_id = $2 ORDER BY r.created_at, r.id`,
       [paymentId, clientId],
     );
     if (rows.length === 0) throw paymentNotFound(paymentId);
@@ -130,7 +133,7 @@ export class RefundsService {
   }
 
   async findRefund(clientId: string, id: string): Promise<RefundView> {
-    const [row] = isUUID(id) ? await this.db.query<RefundRow>(`SELECT * FROM refunds WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
+    const [row] = isUUID(id) ? await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
     if (!row) throw refundNotFound(id);
     return toRefundView(row);
   }

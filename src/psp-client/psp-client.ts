@@ -12,6 +12,7 @@ import {
   type TimeoutPolicy,
   wrap,
 } from 'cockatiel';
+import { monotonicNow } from '../common/monotonic-clock.js';
 import { type AttemptResult, describeAttempt, isRetryable, judgeLookup, judgeWrite, lookupItems } from './attempt-result.js';
 import { type BreakerCheck, PspBreaker } from './psp-breaker.js';
 import { type PspCallOutcome, PspClientMetrics, type PspOperation } from './psp-client-metrics.js';
@@ -30,6 +31,15 @@ export type PspCallResult<T> =
   | { kind: 'refused'; status: number; detail: string } // 400/404/422: the provider refused the request itself; nothing recorded there
   | { kind: 'unknown'; reason: string } // timeouts, network errors, 409/429/5xx after every attempt, deadline reached, breaker opened mid-way. MAY have been charged.
   | { kind: 'breaker-open'; retryAfterSeconds: number }; // not called at all (breaker open before the first attempt)
+
+/**
+ * The most of an answer's body that is read: a charge or a page of lookups is a few KiB, and a provider (or
+ * whatever stands in its way) that sends more must not make us buffer it. More is an answer we cannot read.
+ */
+export const MAX_RESPONSE_BYTES = 1024 * 1024;
+
+/** What a lookup must find in each record, or the answer is not about our payment (refund): ambiguous. */
+export type RecordCheck<T> = (record: T) => string | undefined;
 
 /** An outbound Idempotency-Key: visible ASCII, as an HTTP header value must be, and short enough for any provider. */
 const OUTBOUND_KEY = /^[\x21-\x7e]{1,255}$/;
@@ -94,22 +104,32 @@ export class PspClient {
     return this.writes.check();
   }
 
-  /** `deadline` (epoch ms): no attempt starts, and no Retry-After is waited out, that would end after it. */
+  /**
+   * `deadline` (monotonic ms, monotonicNow()): no attempt starts, and no Retry-After is waited out, that
+   * would end after it. An answer whose amount, currency or ids differ from the request is not a success.
+   */
   createCharge(body: ChargeRequest, outboundKey: string, deadline: number): Promise<PspCallResult<PspCharge>> {
-    return this.write('charge', '/charges', body, outboundKey, deadline, isPspCharge);
+    return this.write('charge', '/charges', body, outboundKey, deadline, isPspCharge, (c) => chargeMismatch(c, body));
   }
 
   createRefund(body: RefundRequest, outboundKey: string, deadline: number): Promise<PspCallResult<PspRefund>> {
-    return this.write('refund', '/refunds', body, outboundKey, deadline, isPspRefund);
+    return this.write('refund', '/refunds', body, outboundKey, deadline, isPspRefund, (r) => refundMismatch(r, body));
   }
 
-  /** Throws PspUnreachableError when the provider cannot be asked; [] means it has none. */
-  findChargesByPayment(paymentId: string): Promise<PspCharge[]> {
-    return this.lookup('lookup-charges', '/charges', { paymentId }, isPspCharge);
+  /**
+   * Throws PspUnreachableError when the provider cannot tell (unreachable, our request refused, or an
+   * answer about another payment or amount); [] means it has none.
+   */
+  findChargesByPayment(paymentId: string, expected: { amountMinor: number; currency: string }): Promise<PspCharge[]> {
+    return this.lookup('lookup-charges', '/charges', { paymentId }, isPspCharge, (c) =>
+      mismatch([c.metadata.paymentId, paymentId, 'metadata.paymentId'], [c.amountMinor, expected.amountMinor, 'amountMinor'], [c.currency, expected.currency, 'currency']),
+    );
   }
 
-  findRefundsByRefund(refundId: string): Promise<PspRefund[]> {
-    return this.lookup('lookup-refunds', '/refunds', { refundId }, isPspRefund);
+  findRefundsByRefund(refundId: string, expected: { paymentId: string; amountMinor: number }): Promise<PspRefund[]> {
+    return this.lookup('lookup-refunds', '/refunds', { refundId }, isPspRefund, (r) =>
+      mismatch([r.metadata.refundId, refundId, 'metadata.refundId'], [r.metadata.paymentId, expected.paymentId, 'metadata.paymentId'], [r.amountMinor, expected.amountMinor, 'amountMinor']),
+    );
   }
 
   private async write<T extends { status: string }>(
@@ -119,10 +139,12 @@ export class PspClient {
     outboundKey: string,
     deadline: number,
     isRecord: (v: unknown) => v is T,
+    check: RecordCheck<T>,
   ): Promise<PspCallResult<T>> {
     // Programming errors, not provider outcomes: fail loudly before anything is sent.
     if (!OUTBOUND_KEY.test(outboundKey)) throw new TypeError(`PspClient.${operation}: outboundKey must be 1-255 visible ASCII characters`);
-    if (!Number.isFinite(deadline)) throw new TypeError(`PspClient.${operation}: deadline must be epoch milliseconds`);
+    // An epoch-ms deadline (Date.now() + …) would be decades away on the monotonic clock: no deadline at all.
+    if (!Number.isFinite(deadline) || deadline > monotonicNow() + 86_400_000) throw new TypeError(`PspClient.${operation}: deadline must be monotonic milliseconds (monotonicNow() + ms)`);
     const end = await this.call(this.writes, deadline, {
       operation,
       method: 'POST',
@@ -131,7 +153,13 @@ export class PspClient {
       outboundKey,
       judge: (status, parsed) => judgeWrite(status, parsed, isRecord),
     });
-    const result = this.toWriteResult(end, isRecord);
+    let result = this.toWriteResult(end, isRecord);
+    const disagreement = result.kind === 'succeeded' || result.kind === 'declined' ? check(result.value) : undefined;
+    if (disagreement) {
+      // Not our charge as we asked for it (a provider bug, a proxy mixing answers): never settle on it.
+      this.logger.error({ operation, outboundKey, disagreement, alert: true }, 'the provider answered about something else than we asked for; treated as unknown');
+      result = { kind: 'unknown', reason: `the answer does not match the request: ${disagreement}` };
+    }
     this.metrics.calls.inc({ operation, outcome: result.kind });
     const fields = { operation, outboundKey, outcome: result.kind, ...('reason' in result ? { reason: result.reason } : {}), ...('status' in result ? { status: result.status } : {}) };
     if (result.kind === 'unknown' || result.kind === 'breaker-open') this.logger.warn(fields, 'psp call outcome unknown or not attempted');
@@ -160,10 +188,16 @@ export class PspClient {
     }
   }
 
-  private async lookup<T>(operation: 'lookup-charges' | 'lookup-refunds', path: string, query: Record<string, string>, isItem: (v: unknown) => v is T): Promise<T[]> {
+  private async lookup<T>(
+    operation: 'lookup-charges' | 'lookup-refunds',
+    path: string,
+    query: Record<string, string>,
+    isItem: (v: unknown) => v is T,
+    check: RecordCheck<T>,
+  ): Promise<T[]> {
     const url = new URL(this.url(path));
     for (const [name, value] of Object.entries(query)) url.searchParams.set(name, value);
-    const deadline = Date.now() + this.options.maxAttempts * this.options.timeoutMs + LOOKUP_BACKOFF_BUDGET_MS;
+    const deadline = monotonicNow() + this.options.maxAttempts * this.options.timeoutMs + LOOKUP_BACKOFF_BUDGET_MS;
     const end = await this.call(this.lookups, deadline, {
       operation,
       method: 'GET',
@@ -172,9 +206,22 @@ export class PspClient {
     });
     if (end.kind === 'answered' && end.result.kind === 'response' && end.result.verdict === 'definitive') {
       const items = lookupItems(end.result.body, isItem) as T[];
+      const disagreement = items.map(check).find((d) => d !== undefined);
+      if (disagreement) {
+        this.metrics.calls.inc({ operation, outcome: 'unknown' });
+        this.logger.error({ operation, query, disagreement, alert: true }, 'the provider answered a lookup with a record that is not ours as we know it; treated as no answer');
+        throw new PspUnreachableError(operation, `the answer does not match: ${disagreement}`);
+      }
       this.metrics.calls.inc({ operation, outcome: 'ok' });
       this.logger.debug({ operation, query, found: items.length }, 'psp lookup answered');
       return items;
+    }
+    if (end.kind === 'answered' && end.result.kind === 'response' && end.result.verdict === 'refused') {
+      // 400/404/422 to a lookup by our own id: our request is wrong (a bug or a misconfigured PSP_BASE_URL), not the
+      // provider away. Still no answer: "none found" from a refusal would fail a payment that may have been charged.
+      this.metrics.calls.inc({ operation, outcome: 'refused' });
+      this.logger.error({ operation, query, status: end.result.status, alert: true }, 'the provider refused our lookup: a fault on our side');
+      throw new PspUnreachableError(operation, `the provider refused the lookup (HTTP ${end.result.status})`);
     }
     const outcome: PspCallOutcome = end.kind === 'breaker-open' ? 'breaker-open' : 'unreachable';
     const reason =
@@ -198,7 +245,7 @@ export class PspClient {
   private async call(breaker: PspBreaker, deadline: number, request: OutboundRequest): Promise<CallEnd> {
     const check = breaker.check();
     if (check.open) return { kind: 'breaker-open', retryAfterSeconds: check.retryAfterSeconds };
-    if (!attemptFits(Date.now(), deadline, this.options.timeoutMs)) return { kind: 'no-time' };
+    if (!attemptFits(monotonicNow(), deadline, this.options.timeoutMs)) return { kind: 'no-time' };
 
     const { timeoutMs, maxAttempts } = this.options;
     let attempts = 0;
@@ -213,7 +260,7 @@ export class PspClient {
       const plan = breaker.isOpen
         ? ({ retry: false, reason: `the ${breaker.name} breaker opened while retrying` } as const)
         : planRetry({
-            now: Date.now(),
+            now: monotonicNow(),
             deadline,
             timeoutMs,
             backoffMs: jitter.duration,
@@ -238,7 +285,7 @@ export class PspClient {
           return { kind: 'skipped', verdict: 'unknown' };
         }
         // Also here, not only in the plan: a late timer or a busy event loop can start the attempt later than planned.
-        if (!attemptFits(Date.now(), deadline, timeoutMs)) {
+        if (!attemptFits(monotonicNow(), deadline, timeoutMs)) {
           stopReason = 'the deadline leaves no time for another attempt';
           return { kind: 'skipped', verdict: 'unknown' };
         }
@@ -262,7 +309,7 @@ export class PspClient {
 
   /** One HTTP exchange, body included, judged; never throws for what the network or the provider does. */
   private async attempt(request: OutboundRequest, attempt: number, signal: AbortSignal): Promise<AttemptResult> {
-    const started = Date.now();
+    const started = monotonicNow();
     let result: AttemptResult;
     try {
       const headers: Record<string, string> = { accept: 'application/json' };
@@ -270,7 +317,8 @@ export class PspClient {
       if (request.outboundKey) headers['idempotency-key'] = request.outboundKey;
       // redirect 'manual': a payment request is never re-sent to wherever a 3xx points; it is an unknown outcome.
       const response = await fetch(request.url, { method: request.method, headers, body: request.body, signal, redirect: 'manual' });
-      const text = await response.text();
+      const text = await readBounded(response, MAX_RESPONSE_BYTES);
+      if (text === undefined) throw new OversizedAnswer();
       const body = parseJson(text);
       result = {
         kind: 'response',
@@ -283,7 +331,9 @@ export class PspClient {
       // The only abort is the per-attempt timeout's.
       result = signal.aborted
         ? { kind: 'timeout', message: `no complete answer within ${this.options.timeoutMs} ms`, verdict: 'unknown' }
-        : { kind: 'network', message: errorMessage(error), verdict: 'unknown' };
+        : error instanceof OversizedAnswer
+          ? { kind: 'network', message: `the answer's body is over ${MAX_RESPONSE_BYTES} bytes`, verdict: 'unknown' }
+          : { kind: 'network', message: errorMessage(error), verdict: 'unknown' };
     }
     const label = result.kind === 'response' ? String(result.status) : result.kind;
     this.metrics.attempts.inc({ operation: request.operation, result: label });
@@ -292,7 +342,7 @@ export class PspClient {
       attempt,
       outboundKey: request.outboundKey,
       ...(result.kind === 'response' ? { status: result.status, retryAfterMs: result.retryAfterMs } : { error: describeAttempt(result) }),
-      durationMs: Date.now() - started,
+      durationMs: Math.round(monotonicNow() - started),
     };
     if (result.verdict === 'unknown') this.logger.warn(fields, 'psp attempt without a definite answer');
     else this.logger.debug(fields, 'psp attempt answered');
@@ -310,6 +360,46 @@ function unknownReason(end: Extract<CallEnd, { kind: 'answered' }>): string {
   if (end.stopReason) return `${end.stopReason}; last of ${tried}: ${last}`;
   return `${last} after ${tried}`;
 }
+
+class OversizedAnswer extends Error {}
+
+/** The body as text, or undefined once it passes `limit` bytes (the rest is not read: the stream is cancelled). */
+async function readBounded(response: Response, limit: number): Promise<string | undefined> {
+  if (!response.body) return '';
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  // Leaving the loop early cancels the stream: the rest of an oversized body is never read.
+  for await (const chunk of response.body as unknown as AsyncIterable<Uint8Array>) {
+    size += chunk.byteLength;
+    if (size > limit) return undefined;
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+type Comparison = [theirs: string | number, ours: string | number, field: string];
+
+/** "amountMinor 2400 ≠ ours 2500"-style text for the fields that differ; undefined when all agree. */
+function mismatch(...pairs: Comparison[]): string | undefined {
+  const differing = pairs.filter(([theirs, ours]) => theirs !== ours).map(([theirs, ours, field]) => `${field} ${theirs} ≠ ours ${ours}`);
+  return differing.length ? differing.join(', ') : undefined;
+}
+
+const chargeMismatch = (c: PspCharge, asked: ChargeRequest) =>
+  mismatch(
+    [c.amountMinor, asked.amountMinor, 'amountMinor'],
+    [c.currency, asked.currency, 'currency'],
+    [c.metadata.paymentId, asked.metadata.paymentId, 'metadata.paymentId'],
+    [c.metadata.orderId, asked.metadata.orderId, 'metadata.orderId'],
+  );
+
+const refundMismatch = (r: PspRefund, asked: RefundRequest) =>
+  mismatch(
+    [r.amountMinor, asked.amountMinor, 'amountMinor'],
+    [r.chargeId, asked.chargeId, 'chargeId'],
+    [r.metadata.refundId, asked.metadata.refundId, 'metadata.refundId'],
+    [r.metadata.paymentId, asked.metadata.paymentId, 'metadata.paymentId'],
+  );
 
 function parseJson(text: string): unknown {
   try {

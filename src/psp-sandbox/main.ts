@@ -39,6 +39,9 @@ function sandboxConfig() {
     EMBEDDED_PG_PORT: process.env.EMBEDDED_PG_PORT || DEFAULT_EMBEDDED_PORT,
     // The sandbox authenticates nobody; loadConfig insists on API_KEYS with DATABASE_URL to protect the service, which is not running here.
     API_KEYS: process.env.API_KEYS || 'psp-sandbox:the-sandbox-takes-no-api-key',
+    // This process IS the sandbox: what the service requires of a deployment (a named provider) does not apply.
+    PSP_BASE_URL: '',
+    PSP_SANDBOX: 'in-process',
   });
 }
 

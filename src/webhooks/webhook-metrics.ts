@@ -1,23 +1,11 @@
-import { Injectable, Logger } from '@nestjs/common';
-import { Counter, Gauge, Registry } from 'prom-client';
-import { Database } from '../database/database.service.js';
-
-/**
- * Oldest pending payment, refund and late-charge refund, in one statement. Each reads min(created_at)
- * from a partial index holding only the pending rows (migration 1764414700000): one probe per kind.
- */
-const OLDEST_PENDING = `
-  SELECT extract(epoch FROM now() - (SELECT min(created_at) FROM payments WHERE status = 'pending'))::float8 AS payment,
-         extract(epoch FROM now() - (SELECT min(created_at) FROM refunds WHERE status = 'pending'))::float8 AS refund,
-         extract(epoch FROM now() - (SELECT min(created_at) FROM late_charge_refunds WHERE status = 'pending'))::float8 AS late_refund`;
+import { Injectable } from '@nestjs/common';
+import { Counter, Registry } from 'prom-client';
 
 @Injectable()
 export class WebhookMetrics {
-  private readonly logger = new Logger('WebhookMetrics');
   readonly events: Counter<'outcome'>;
-  readonly lateChargeRefunds: Counter<'outcome'>;
 
-  constructor(registry: Registry, db: Database) {
+  constructor(registry: Registry) {
     this.events = new Counter({
       name: 'webhook_events_total',
       help:
@@ -25,33 +13,6 @@ export class WebhookMetrics {
         'applied, no_effect (recorded, nothing to change), or failed (5xx, nothing recorded: the provider redelivers)',
       labelNames: ['outcome'],
       registers: [registry],
-    });
-    this.lateChargeRefunds = new Counter({
-      name: 'payments_late_charge_refunds_total',
-      help:
-        'Charges the provider made for a payment we had failed, refunded automatically: requested (once per charge), then per attempt ' +
-        'succeeded, declined, refused, or unknown (retried under the same outbound key)',
-      labelNames: ['outcome'],
-      registers: [registry],
-    });
-    // Computed at scrape time rather than by the reconciler: the gauge is there to show that
-    // settling has stalled, so it must not depend on the reconciler running (it may be off, or stuck).
-    const oldest: Gauge<'kind'> = new Gauge({
-      name: 'payments_oldest_pending_seconds',
-      help: 'Age of the oldest pending payment, refund and late-charge refund (0 when none is pending)',
-      labelNames: ['kind'],
-      registers: [registry],
-      collect: async () => {
-        try {
-          const [row] = await db.query<{ payment: number | null; refund: number | null; late_refund: number | null }>(OLDEST_PENDING);
-          oldest.set({ kind: 'payment' }, row.payment ?? 0);
-          oldest.set({ kind: 'refund' }, row.refund ?? 0);
-          oldest.set({ kind: 'late_refund' }, row.late_refund ?? 0);
-        } catch (err) {
-          // A scrape while the database is away still returns every other metric; this one keeps its last value.
-          this.logger.warn({ err }, 'could not read the oldest pending payment for /metrics');
-        }
-      },
     });
   }
 }

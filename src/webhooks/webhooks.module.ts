@@ -1,6 +1,5 @@
 import { Module } from '@nestjs/common';
 import { PaymentsModule } from '../payments/payments.module.js';
-import { LateChargeRefunder } from './late-charge-refunder.js';
 import { ProcessedWebhookEventReaper } from './processed-webhook-event-reaper.js';
 import { WebhookMetrics } from './webhook-metrics.js';
 import { WebhooksController } from './webhooks.controller.js';
@@ -10,6 +9,6 @@ import { WebhooksService } from './webhooks.service.js';
 @Module({
   imports: [PaymentsModule],
   controllers: [WebhooksController],
-  providers: [WebhooksService, WebhookMetrics, LateChargeRefunder, ProcessedWebhookEventReaper],
+  providers: [WebhooksService, WebhookMetrics, ProcessedWebhookEventReaper],
 })
 export class WebhooksModule {}

@@ -8,7 +8,7 @@ import { Database } from '../database/database.service.js';
 import { retryOnceOnDeadlock } from '../database/pg-errors.js';
 import type { PaymentStatus } from '../payments/payment.entity.js';
 import { type ProviderOutcome, PaymentSettlement } from '../payments/payment-settlement.js';
-import { LateChargeRefunder, lateRefundKeyOf } from './late-charge-refunder.js';
+import { LateChargeRefunder } from '../payments/late-charge-refunder.js';
 import { type ChargeEventData, parsePspWebhookEvent, type PspWebhookEvent, type RefundEventData } from './psp-webhook-event.js';
 import type { WebhookEffect } from './processed-webhook-event.entity.js';
 import { WebhookMetrics } from './webhook-metrics.js';
@@ -109,10 +109,7 @@ export class WebhooksService {
     const log = { webhookId, type, outcome: effect.outcome, detail: effect.detail, paymentId: effect.paymentId, refundId: effect.refundId };
     if (effect.alert) this.logger.error({ ...log, alert: true }, 'webhook disagrees with our records; recorded with no effect');
     else this.logger.log(log, `webhook ${effect.outcome}`);
-    if (effect.lateRefundId) {
-      this.metrics.lateChargeRefunds.inc({ outcome: 'requested' });
-      this.lateRefunds.refundInBackground(effect.lateRefundId);
-    }
+    if (effect.lateRefundId) this.lateRefunds.refundInBackground(effect.lateRefundId);
     return { webhookId, outcome: effect.outcome, detail: effect.detail };
   }
 
@@ -189,6 +186,8 @@ export class WebhooksService {
       // too, completing that request's key with the answer the request would have given.
       const settled = await this.settlement.applyPaymentOutcome(payment.id, outcome);
       if (settled.kind === 'answered' && settled.changed) return applied(type === 'charge.succeeded' ? 'payment-succeeded' : 'payment-failed', ids);
+      // Settled meanwhile without this charge: the settlement recorded its refund, started once this commits.
+      if (settled.kind === 'answered' && settled.lateRefundId) return { ...applied('late-charge: refund requested', ids), lateRefundId: settled.lateRefundId };
       // Someone else settled it first: judge the event against what they decided.
       payment = (await this.paymentFacts(data.paymentId))!;
     }
@@ -207,14 +206,9 @@ export class WebhooksService {
    * is called after the commit, under a key derived from the charge.
    */
   private async lateCharge(payment: PaymentFacts, data: ChargeEventData, what: 'late-charge' | 'second-charge'): Promise<Effect> {
-    const [recorded] = await this.db.query<{ id: string }>(
-      `INSERT INTO late_charge_refunds (charge_id, payment_id, amount_minor, outbound_key) VALUES ($1, $2, $3, $4)
-       ON CONFLICT (charge_id) DO NOTHING
-       RETURNING id`,
-      [data.chargeId, payment.id, data.amountMinor, lateRefundKeyOf(data.chargeId)],
-    );
-    if (!recorded) return noEffect(`${what}: its refund was already requested`, { paymentId: payment.id });
-    return { ...applied(`${what}: refund requested`, { paymentId: payment.id }), lateRefundId: recorded.id };
+    const lateRefundId = await this.lateRefunds.requestRefund(payment.id, data.chargeId, data.amountMinor, 'webhook');
+    if (!lateRefundId) return noEffect(`${what}: its refund was already requested`, { paymentId: payment.id });
+    return { ...applied(`${what}: refund requested`, { paymentId: payment.id }), lateRefundId };
   }
 
   private async refundEvent(type: 'refund.succeeded' | 'refund.failed', data: RefundEventData): Promise<Effect> {
@@ -233,6 +227,11 @@ export class WebhooksService {
       [refund.currency, data.currency, 'currency'],
     );
     if (mismatch) return { ...noEffect(`mismatch: ${mismatch}`, ids), alert: true };
+    if (type === 'refund.succeeded' && refund.status === 'failed') {
+      // We failed it as never reached, and the provider made it after all: the books follow the money.
+      const repaired = await this.settlement.applyLateRefund(refund.id, data.providerRefundId, 'webhook');
+      return repaired ? applied('late-refund: applied', ids) : { ...noEffect('late-refund: could not be applied', ids), alert: true };
+    }
     if (refund.status !== 'pending') return noEffect(`already-settled: refund is ${refund.status}`, ids);
     const settled = await this.settlement.applyRefundOutcome(refund.id, outcome);
     if (settled.kind === 'answered' && settled.changed) return applied(type === 'refund.succeeded' ? 'refund-succeeded' : 'refund-failed', ids);

@@ -16,14 +16,30 @@ export interface ServiceProcess {
   kill(signal: NodeJS.Signals): Promise<number | null>;
 }
 
+/** The built sandbox provider, as `npm run psp` runs it (PSP_PORT=0 for a free port); its URL without the /psp prefix. */
+export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/src/psp-sandbox/main.js');
+
 /**
- * The built service (`npm test` builds first) as its own OS process, as `npm start` runs it.
+ * The built service (`npm test` builds first) as its own OS process, as `npm start` runs it; `main`: another built entry.
  * `processGroup`: in a process group of its own, as a terminal runs it, so that a test can send the terminal's
  * Ctrl-C to the whole group (`process.kill(-child.pid, 'SIGINT')`).
  */
-export async function startServiceProcess(env: Record<string, string>, { processGroup = false }: { processGroup?: boolean } = {}): Promise<ServiceProcess> {
-  const child = spawn(process.execPath, [MAIN], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', LOG_LEVEL: 'warn', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env },
+export async function startServiceProcess(
+  env: Record<string, string>,
+  { main = MAIN, processGroup = false }: { main?: string; processGroup?: boolean } = {},
+): Promise<ServiceProcess> {
+  const child = spawn(process.execPath, [main], {
+    env: {
+      PATH: process.env.PATH ?? '',
+      PORT: '0',
+      LOG_LEVEL: 'warn',
+      PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+      // On a real database the in-process sandbox must be asked for; a test that names a provider does not.
+      ...(env.PSP_BASE_URL || !env.DATABASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),
+      // As in test-app.ts: no slow path to the sandbox unless a test puts one there (and sets this).
+      PSP_MAX_LATENCY_MS: '0',
+      ...env,
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
     detached: processGroup,
   });

@@ -90,6 +90,11 @@ export function testConfig(url: string, env: Record<string, string> = {}): AppCo
     API_KEYS: `${ALICE.clientId}:${ALICE.secret},${BOB.clientId}:${BOB.secret}`,
     PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
     LOG_LEVEL: 'silent',
+    // The sandbox is mounted on a real database only when asked for: every test app asks, unless it names a provider.
+    ...(env.PSP_BASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),
+    // Nothing stands between a test app and its sandbox, so no request reaches it late: "never reached" may be decided
+    // at once, as the tests of reconciling expect. Tests of late landings put a slow path in between and set this.
+    PSP_MAX_LATENCY_MS: '0',
     ...env,
   });
 }

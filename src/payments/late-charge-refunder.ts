@@ -1,9 +1,10 @@
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
+import { monotonicNow } from '../common/monotonic-clock.js';
 import { APP_CONFIG } from '../config/config.module.js';
 import { Database } from '../database/database.service.js';
 import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
 import { type PspCallResult, PspClient, type PspRefund } from '../psp-client/psp-client.js';
-import { WebhookMetrics } from './webhook-metrics.js';
+import { PaymentMetrics } from './payment-metrics.js';
 
 /**
  * An attempt claims its row until then: another instance (or the retry job) does not call the
@@ -25,10 +26,15 @@ interface LateRefundRow {
 /** The key the provider dedupes a late charge's refund on: derived from the charge, so every attempt, on any instance, is one refund. */
 export const lateRefundKeyOf = (chargeId: string) => `late_${chargeId}`;
 
+/** Who found a charge that landed where we did not expect it (a label of payments_late_landings_total). */
+export type FoundBy = 'webhook' | 'settler' | 'sweep';
+
 /**
- * Gives back the money of a charge the provider made after we had failed its payment. The webhook
- * records the refund as pending in the event's transaction (one per charge); this calls the
- * provider after that commit, outside any transaction, under the outbound key `late_<chargeId>`.
+ * Gives back the money of a charge the provider made after we had failed its payment (or a second
+ * charge of a succeeded one). Whoever finds it — the webhook, a settler holding the provider's
+ * confirmation, the sweep of failed-unreachable payments — records the refund as pending in its own
+ * transaction (`requestRefund`, once per charge); this calls the provider after that commit, outside any
+ * transaction, under the outbound key `late_<chargeId>`.
  * An unknown outcome leaves the row pending: the job retries it every RECONCILE_INTERVAL_MS under
  * the same key (the provider answers with the same refund), and the provider's refund.* webhook
  * for it (metadata.refundId = this row's id) settles it too.
@@ -42,7 +48,7 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
   constructor(
     private readonly db: Database,
     private readonly psp: PspClient,
-    private readonly metrics: WebhookMetrics,
+    private readonly metrics: PaymentMetrics,
     @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
 
@@ -61,7 +67,25 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
     await Promise.allSettled([...this.inFlight]);
   }
 
-  /** Starts the refund without holding up the webhook's answer: the pending row is the durable record. */
+  /**
+   * In the finder's transaction: the pending refund of a late charge, once per charge (the unique charge id
+   * decides between finders). Its id, for `refundInBackground` after the commit; undefined when already recorded.
+   */
+  async requestRefund(paymentId: string, chargeId: string, amountMinor: number, foundBy: FoundBy): Promise<string | undefined> {
+    const [recorded] = await this.db.query<{ id: string }>(
+      `INSERT INTO late_charge_refunds (charge_id, payment_id, amount_minor, outbound_key) VALUES ($1, $2, $3, $4)
+       ON CONFLICT (charge_id) DO NOTHING
+       RETURNING id`,
+      [chargeId, paymentId, amountMinor, lateRefundKeyOf(chargeId)],
+    );
+    if (!recorded) return undefined;
+    this.metrics.lateChargeRefunds.inc({ outcome: 'requested' });
+    this.metrics.lateLandings.inc({ kind: 'charge', found_by: foundBy });
+    this.logger.warn({ paymentId, chargeId, amountMinor, foundBy }, 'a charge landed on a payment we had given up: refunding it');
+    return recorded.id;
+  }
+
+  /** Starts the refund without holding up the finder's answer: the pending row is the durable record. */
   refundInBackground(id: string): void {
     this.track(this.attempt(id));
   }
@@ -88,7 +112,7 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
       [id, LATE_REFUND_ATTEMPT_SECONDS],
     );
     if (!row) return false;
-    const deadline = Date.now() + LATE_REFUND_ATTEMPT_SECONDS * 1000 - LEASE_MARGIN_MS;
+    const deadline = monotonicNow() + LATE_REFUND_ATTEMPT_SECONDS * 1000 - LEASE_MARGIN_MS;
     let result: PspCallResult<PspRefund>;
     try {
       result = await this.psp.createRefund(

@@ -1,0 +1,58 @@
+import { Injectable, Logger } from '@nestjs/common';
+import { Counter, Gauge, Registry } from 'prom-client';
+import { Database } from '../database/database.service.js';
+
+/**
+ * Oldest pending payment, refund and late-charge refund, in one statement. Each reads min(created_at)
+ * from a partial index holding only the pending rows (migration 1764414700000): one probe per kind.
+ */
+const OLDEST_PENDING = `
+  SELECT extract(epoch FROM now() - (SELECT min(created_at) FROM payments WHERE status = 'pending'))::float8 AS payment,
+         extract(epoch FROM now() - (SELECT min(created_at) FROM refunds WHERE status = 'pending'))::float8 AS refund,
+         extract(epoch FROM now() - (SELECT min(created_at) FROM late_charge_refunds WHERE status = 'pending'))::float8 AS late_refund`;
+
+/** What the payments module counts beyond the outbound client: money that landed where we did not expect it. */
+@Injectable()
+export class PaymentMetrics {
+  private readonly logger = new Logger('PaymentMetrics');
+  readonly lateChargeRefunds: Counter<'outcome'>;
+  readonly lateLandings: Counter<'kind' | 'found_by'>;
+
+  constructor(registry: Registry, db: Database) {
+    this.lateChargeRefunds = new Counter({
+      name: 'payments_late_charge_refunds_total',
+      help:
+        'Charges the provider made for a payment we had failed, refunded automatically: requested (once per charge), then per attempt ' +
+        'succeeded, declined, refused, or unknown (retried under the same outbound key)',
+      labelNames: ['outcome'],
+      registers: [registry],
+    });
+    this.lateLandings = new Counter({
+      name: 'payments_late_landings_total',
+      help:
+        'Money the provider moved on a payment (kind=charge) or refund (kind=refund) we held as failed or already settled, repaired: ' +
+        'found_by webhook, settler (a request, retry or reconciler holding a confirmed answer) or sweep (the recheck of failed-unreachable rows)',
+      labelNames: ['kind', 'found_by'],
+      registers: [registry],
+    });
+    // Computed at scrape time rather than by the reconciler: the gauge is there to show that
+    // settling has stalled, so it must not depend on the reconciler running (it may be off, or stuck).
+    const oldest: Gauge<'kind'> = new Gauge({
+      name: 'payments_oldest_pending_seconds',
+      help: 'Age of the oldest pending payment, refund and late-charge refund (0 when none is pending)',
+      labelNames: ['kind'],
+      registers: [registry],
+      collect: async () => {
+        try {
+          const [row] = await db.query<{ payment: number | null; refund: number | null; late_refund: number | null }>(OLDEST_PENDING);
+          oldest.set({ kind: 'payment' }, row.payment ?? 0);
+          oldest.set({ kind: 'refund' }, row.refund ?? 0);
+          oldest.set({ kind: 'late_refund' }, row.late_refund ?? 0);
+        } catch (err) {
+          // A scrape while the database is away still returns every other metric; this one keeps its last value.
+          this.logger.warn({ err }, 'could not read the oldest pending payment for /metrics');
+        }
+      },
+    });
+  }
+}
