@@ -2,12 +2,15 @@ import { randomUUID } from 'node:crypto';
 import fc from 'fast-check';
 import { Webhook } from 'standardwebhooks';
 import { PaymentReconciler } from '../src/payments/payment-reconciler';
+import { LatePath } from './support/late-path';
+import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, startTestApp, WEBHOOK_SECRET, type TestApp } from './support/test-app';
 
 /**
  * Model-based property test: random sequences of creates, replays, key reuse, cancels, ships, pays (every
  * sandbox token), refunds, webhook deliveries (duplicates, any order), reconciler runs and parallel bursts,
- * over real HTTP against one app on real PostgreSQL. After EVERY step the database and the sandbox ledger
+ * and pays whose every attempt reaches the provider late (the sandbox runs as its own process behind a slow
+ * path), over real HTTP against one app on real PostgreSQL. After EVERY step the database and the sandbox ledger
  * are checked against the invariants of DESIGN §3.3; every answer against "no 5xx but the documented
  * 503s, every error problem+json"; replays byte for byte.
  *
@@ -26,6 +29,8 @@ const SEED = process.env.MODEL_SEED === 'random' ? Math.floor(Math.random() * 2 
 const PATH = process.env.MODEL_PATH;
 const SHRINK = process.env.MODEL_SHRINK === '1';
 const MAX_COMMANDS = Number(process.env.MODEL_MAX_COMMANDS ?? 12);
+/** How late a LatePay's attempts reach the provider; PSP_MAX_LATENCY_MS is set above it, as a deployment's bound must be. */
+const LATE_MS = 1_500;
 
 const PROBLEM_JSON = /^application\/problem\+json/;
 const PROBLEM = 'urn:idempotent-orders:problem:';
@@ -88,6 +93,8 @@ interface Real {
 }
 
 let t: TestApp;
+const latePath = new LatePath();
+let sandbox: ServiceProcess | undefined;
 let runs = 0;
 /** Steps executed per command, printed at the end: a run that exercised nothing would pass silently otherwise. */
 const executed = new Map<string, number>();
@@ -373,6 +380,18 @@ class Pay extends Step {
   }
 }
 
+/** A pay whose every attempt lands LATE_MS late: the request answers 503, and the charge arrives while later steps run. */
+class LatePay extends Pay {
+  constructor(index: number) {
+    super(index, 'tok_visa', null);
+  }
+  override toString = () => `LatePay(order ${this.index})`;
+  override async act(m: Model): Promise<void> {
+    latePath.delayFirstKey('/psp/charges', LATE_MS);
+    await super.act(m);
+  }
+}
+
 class Refund extends Step {
   constructor(
     readonly index: number,
@@ -523,6 +542,7 @@ const commands = [
   fc
     .tuple(fc.nat(), fc.constantFrom<Token>('tok_visa', 'tok_visa', 'tok_chargeDeclined', 'tok_flaky', 'tok_timeout', 'tok_lost', 'tok_unavailable', 'tok_slow', 'tok_nonsense'), fc.option(fc.nat(), { freq: 3 }))
     .map(([i, tok, r]) => new Pay(i, tok, r)),
+  fc.nat().map((i) => new LatePay(i)),
   fc.tuple(fc.nat(), fc.option(fc.constantFrom(0.25, 0.5, 1, 1.5)), fc.option(fc.nat(), { freq: 3 })).map(([i, f, r]) => new Refund(i, f ?? undefined, r)),
   fc.tuple(fc.nat(), fc.constantFrom('any' as const, 'any' as const, 'duplicate' as const, 'stale' as const)).map(([i, mode]) => new DeliverWebhook(i, mode)),
   fc.constant(null).map(() => new Reconcile()),
@@ -532,6 +552,8 @@ const commands = [
 describe('model-based: random sequences over real HTTP keep every invariant after every step', () => {
   beforeAll(async () => {
     t = await startTestApp({
+      PSP_BASE_URL: `${await latePath.start()}/psp`,
+      PSP_MAX_LATENCY_MS: String(LATE_MS + 1_500),
       PSP_TIMEOUT_MS: '300',
       PSP_MAX_ATTEMPTS: '3',
       IDEMPOTENCY_LEASE_SECONDS: '4',
@@ -541,8 +563,13 @@ describe('model-based: random sequences over real HTTP keep every invariant afte
       // A burst's duplicates wait in line for the first; on a loaded machine give them time.
       IDEMPOTENCY_WAIT_MS: '15000',
     });
+    // The provider as its own process on the app's database (the invariants read its psp schema); its events stay in its outbox.
+    sandbox = await startServiceProcess({ DATABASE_URL: t.databaseUrl, PSP_PORT: '0', PSP_TIMEOUT_MS: '300', PSP_WEBHOOK_URL: 'none', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET }, { main: SANDBOX_MAIN });
+    latePath.target = sandbox.url;
   });
   afterAll(async () => {
+    await sandbox?.kill('SIGTERM');
+    await latePath.stop();
     await t?.close();
   });
 
@@ -562,7 +589,7 @@ describe('model-based: random sequences over real HTTP keep every invariant afte
       );
       console.log(`model test: steps executed ${JSON.stringify(Object.fromEntries(executed))}`);
       // Every kind of command ran at least once with the default seed.
-      expect(executed.size).toBe(PATH ? executed.size : 9);
+      expect(executed.size).toBe(PATH ? executed.size : 10);
     },
     Math.max(120_000, RUNS * MAX_COMMANDS * 6_000),
   );

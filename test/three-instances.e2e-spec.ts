@@ -1,8 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'pg';
 import request from 'supertest';
-import { startServiceProcess, type ServiceProcess } from './support/service-process';
-import { ALICE, bearer, createTestDatabase } from './support/test-app';
+import { LatePath } from './support/late-path';
+import { SANDBOX_MAIN, startServiceProcess, type ServiceProcess } from './support/service-process';
+import { ALICE, bearer, createTestDatabase, WEBHOOK_SECRET } from './support/test-app';
 
 /** Three service starts plus the storm and the reconcilers' catch-up, on a loaded 2-core machine. */
 const PROCESS_TEST_TIMEOUT_MS = 240_000;
@@ -14,6 +15,8 @@ const SETTLE_DEADLINE_MS = 60_000;
 const SEED = 0x15_3_3;
 const ORDERS = 24;
 const PAY_SOURCES = ['tok_visa', 'tok_flaky', 'tok_timeout', 'tok_lost', 'tok_chargeDeclined', 'tok_unavailable'] as const;
+/** Every fourth charge key (and every fifth refund key) reaches the provider this late, all its attempts. */
+const LATE_MS = 2_000;
 
 /** mulberry32: a tiny seeded PRNG, so the workload is the same on every run. */
 function prng(seed: number): () => number {
@@ -46,14 +49,22 @@ describe('three service processes on one database: a mixed storm keeps every inv
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
   let db: Pool;
   const instances: ServiceProcess[] = [];
+  // One provider for the three, as a deployment has: the sandbox as its own process, behind a slow path.
+  const path = new LatePath();
+  let sandbox: ServiceProcess | undefined;
 
   beforeAll(async () => {
     database = await createTestDatabase();
     db = new Pool({ connectionString: database.url, max: 2 });
     db.on('error', () => undefined);
+    const pathUrl = await path.start();
     const env = {
       DATABASE_URL: database.url,
       API_KEYS: `${ALICE.clientId}:${ALICE.secret}`,
+      PSP_BASE_URL: `${pathUrl}/psp`,
+      PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+      // Requests the slow path holds land within this: nobody may decide they never arrived before.
+      PSP_MAX_LATENCY_MS: String(LATE_MS + 1_500),
       // Short provider timeouts and leases so tok_timeout/tok_lost/tok_unavailable end in 503 payment-pending
       // and the reconcilers (every 500 ms, on all three) take the unfinished keys over within the test.
       PSP_TIMEOUT_MS: '300',
@@ -65,10 +76,19 @@ describe('three service processes on one database: a mixed storm keeps every inv
     };
     // One at a time: three concurrent migration runs would only queue on the advisory lock anyway.
     for (let i = 0; i < 3; i++) instances.push(await startServiceProcess(env));
+    sandbox = await startServiceProcess(
+      { DATABASE_URL: database.url, PSP_PORT: '0', PSP_TIMEOUT_MS: env.PSP_TIMEOUT_MS, PSP_WEBHOOK_URL: `${instances[0].url}/webhooks/psp`, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET },
+      { main: SANDBOX_MAIN },
+    );
+    path.target = sandbox.url;
+    path.delayKeys('/psp/charges', LATE_MS, (n) => n % 4 === 1);
+    path.delayKeys('/psp/refunds', LATE_MS, (n) => n % 5 === 2);
   }, PROCESS_TEST_TIMEOUT_MS);
 
   afterAll(async () => {
     await Promise.all(instances.map((p) => p.kill('SIGKILL')));
+    await sandbox?.kill('SIGKILL');
+    await path.stop();
     await db?.end();
     await database?.drop();
   });
@@ -213,7 +233,8 @@ describe('three service processes on one database: a mixed storm keeps every inv
       expect({ key, final }).toEqual({ key, final: answers.map(() => final[0]) });
     }
 
-    // --- Quiet: the reconcilers and webhooks have settled everything the storm left unfinished.
+    // --- Quiet: every held request has landed, and the reconcilers and webhooks have settled everything the storm left unfinished.
+    await path.landed();
     const deadline = Date.now() + SETTLE_DEADLINE_MS;
     let unsettled: Record<string, number>;
     for (;;) {
@@ -312,6 +333,7 @@ describe('three service processes on one database: a mixed storm keeps every inv
     );
     for (const n of Object.values(mix[0])) expect(n).toBeGreaterThan(0);
     expect(seen.some((s) => s.status === 503)).toBe(true);
+    expect(path.held.filter((h) => h.clientWaited === false).length).toBeGreaterThan(0);
     expect(seen.length).toBeGreaterThan(120);
   }, PROCESS_TEST_TIMEOUT_MS);
 });

@@ -9,6 +9,8 @@ describe('parseIdempotencyKey', () => {
     ['"esc\\"aped"', 'esc"aped'],
     ['x'.repeat(255), 'x'.repeat(255)],
     ['~!#$%&*+-.^_|', '~!#$%&*+-.^_|'],
+    // Quoted, a comma is part of the one string.
+    ['"key,with,commas"', 'key,with,commas'],
   ])('accepts %j as %j', (raw, key) => {
     expect(parseIdempotencyKey(raw)).toBe(key);
   });
@@ -26,6 +28,9 @@ describe('parseIdempotencyKey', () => {
     ['quoted, inner space', '"a b"'],
     ['quoted, only a space', '" "'],
     ['two values', 'a, b'],
+    // What a proxy makes of two headers merged into one; the draft's sf-string needs quotes around a comma.
+    ['bare commas', 'key,with,commas'],
+    ['a trailing comma', 'abc,'],
     ['non-ASCII', 'clé'],
     ['control character', 'a\tb'],
     ['empty quoted string', '""'],

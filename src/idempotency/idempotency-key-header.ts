@@ -4,7 +4,7 @@ import { ProblemException } from '../common/problem.js';
 export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
 const MAX_KEY_LENGTH = 255;
 
-/** §3.1: 1–255 visible ASCII characters (no space), in either form. */
+/** 1–255 visible ASCII characters (no space), in either form. */
 const VISIBLE_ASCII_KEY = /^[\x21-\x7E]{1,255}$/;
 
 function malformedKey(detail: string): ProblemException {
@@ -15,7 +15,9 @@ function malformedKey(detail: string): ProblemException {
  * The key as the client meant it. The IETF draft makes the header an RFC 8941 string
  * (`"abc"`); most clients send it bare (`abc`, often a UUID). Both forms name the same key.
  * Anything else — empty, too long, control characters, several values, parameters — is a 400,
- * since a key we would have to guess at cannot protect anything.
+ * since a key we would have to guess at cannot protect anything. A bare key may not hold a comma:
+ * `a,b` is what a proxy makes of two Idempotency-Key headers merged into one; quoted, a comma is
+ * part of one string.
  */
 export function parseIdempotencyKey(raw: string | string[]): string {
   if (Array.isArray(raw)) throw malformedKey('Send exactly one Idempotency-Key header.');
@@ -35,6 +37,9 @@ export function parseIdempotencyKey(raw: string | string[]): string {
   }
   if (!VISIBLE_ASCII_KEY.test(value)) {
     throw malformedKey(`An Idempotency-Key is 1 to ${MAX_KEY_LENGTH} visible ASCII characters (a UUID is a good choice).`);
+  }
+  if (value.includes(',')) {
+    throw malformedKey('A bare Idempotency-Key may not contain a comma: it reads as several values (two headers merged into one). Quote it ("a,b") if the comma is part of the key.');
   }
   return value;
 }

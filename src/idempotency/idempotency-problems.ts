@@ -21,8 +21,12 @@ export function keyInUse(detail: string, retryAfterSeconds: number): ProblemExce
   return ProblemException.of(409, 'idempotency-key-in-use', 'A request is outstanding for this Idempotency-Key', detail, {}, { 'Retry-After': String(retryAfterSeconds) });
 }
 
-/** What a key is scoped to (its client) and bound to (method, concrete path, canonical body). */
-export function keyScopeOf(req: Request, key: string): KeyScope {
+/**
+ * What a key is scoped to (its client) and bound to (method, concrete path, canonical body, and the
+ * `boundHeaders` the route names, absent counted as empty).
+ */
+export function keyScopeOf(req: Request, key: string, boundHeaders: readonly string[] = []): KeyScope {
   const path = normalisePath(req.originalUrl.split('?')[0]);
-  return { clientId: req.clientId!, key, method: req.method, path, fingerprint: fingerprintRequest(req.method, path, req.body) };
+  const headers = Object.fromEntries(boundHeaders.map((name) => [name, String(req.headers[name.toLowerCase()] ?? '').trim()]));
+  return { clientId: req.clientId!, key, method: req.method, path, fingerprint: fingerprintRequest(req.method, path, req.body, headers) };
 }

@@ -99,7 +99,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       this.metrics.note('missing', clientId, undefined);
       throw keyMissing();
     }
-    const scope = keyScopeOf(req, parseIdempotencyKey(raw));
+    const scope = keyScopeOf(req, parseIdempotencyKey(raw), options.boundHeaders);
     // A completed key cannot be in flight: its replay needs neither the line nor the database.
     const completed = this.replays.get(scope.clientId, scope.key);
     if (completed) return of(this.replayCompleted(scope, completed, res));

@@ -8,6 +8,8 @@ export const IDEMPOTENT = Symbol('idempotent');
 export interface IdempotentOptions {
   /** Missing key → 400. Otherwise a request without a key runs as it would without this decorator. */
   required: boolean;
+  /** Request headers that are part of what the key is bound to, like the body (`If-Match` on a PATCH). */
+  boundHeaders?: readonly string[];
 }
 
 /** The Idempotency-Key problems as the OpenAPI document shows them; the phased (payment) endpoints document the same ones. */
@@ -21,7 +23,7 @@ export const IDEMPOTENCY_KEY_EXAMPLES = {
 const ttlNote = 'Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client.';
 
 /**
- * Makes a POST safe to retry under an Idempotency-Key (DESIGN §3.1): the first request runs and
+ * Makes a POST or PATCH safe to retry under an Idempotency-Key: the first request runs and
  * its response is stored in the same transaction as its writes; a retry with the same key gets
  * that response again (`Idempotent-Replayed: true`), never a second execution.
  */

@@ -15,6 +15,15 @@ describe('fingerprintRequest', () => {
     expect(fingerprintRequest('POST', '/orders/1/cancel', body)).not.toBe(base);
   });
 
+  it('binds the key to the headers a route names: another If-Match is another request', () => {
+    const edit = { note: 'n' };
+    const base = fingerprintRequest('PATCH', '/orders/1', edit, { 'if-match': '"1"' });
+    expect(fingerprintRequest('PATCH', '/orders/1', edit, { 'if-match': '"1"' })).toBe(base);
+    expect(fingerprintRequest('PATCH', '/orders/1', edit, { 'if-match': '"2"' })).not.toBe(base);
+    expect(fingerprintRequest('PATCH', '/orders/1', edit, { 'if-match': '' })).not.toBe(base);
+    expect(fingerprintRequest('PATCH', '/orders/1', edit)).not.toBe(base);
+  });
+
   it('treats a missing body as null', () => {
     expect(fingerprintRequest('POST', '/x', undefined)).toBe(fingerprintRequest('POST', '/x', null));
   });

@@ -255,6 +255,8 @@ export class OrdersController {
   }
 
   @Patch(':id')
+  // A retry after a lost answer replays the 200 and its ETag instead of a 412; the If-Match is part of the request the key is bound to.
+  @Idempotent({ required: false, boundHeaders: ['If-Match'] })
   @ApiOperation({
     summary: 'Change the shipping address and/or note',
     description:

@@ -8,8 +8,7 @@ import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
 import { OrdersService } from '../orders/orders.service.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import { LateChargeRefunder } from './late-charge-refunder.js';
-import type { ProviderOutcome } from './payment-settlement.js';
-import { PaymentSettlement } from './payment-settlement.js';
+import { type ProviderOutcome, PaymentSettlement, type Settled } from './payment-settlement.js';
 import { PAYMENT_CREATED, REFUND_CREATED } from './payment-records.js';
 import { type AttemptTable, ProviderAttempts } from './provider-attempts.js';
 import { foundChargeOutcome, foundRefundOutcome } from './provider-outcomes.js';
@@ -119,6 +118,15 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     return key ? this.reconcileKey(key) : false;
   }
 
+  /**
+   * For a resumed request that will send nothing more: the reconciler's decision, under the request's lease.
+   * The key's answer once settled; undefined while it cannot be decided (the key is then released or set aside).
+   */
+  async decide(key: LeasedKey): Promise<Extract<Settled, { kind: 'answered' }> | undefined> {
+    const settled = await this.settleKey(key);
+    return settled?.kind === 'answered' ? settled : undefined;
+  }
+
   /** The cancel's "settle it first": each pending payment of the order whose key's lease has run out. */
   private async reconcileStalePaymentsOf(clientId: string, orderId: string): Promise<void> {
     const stale = await this.db.query<{ id: string }>(
@@ -135,6 +143,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
    * reach it (the key is set aside until that window has passed; the request's own retry may still resume it).
    */
   private async reconcileKey(key: LeasedKey): Promise<boolean> {
+    return (await this.settleKey(key))?.kind === 'answered';
+  }
+
+  private async settleKey(key: LeasedKey): Promise<Settled | undefined> {
     const table: AttemptTable = key.recoveryPoint === PAYMENT_CREATED ? 'payments' : 'refunds';
     const [row] =
       table === 'payments'
@@ -153,7 +165,7 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
         if (windowLeftMs > 0) {
           await this.phases.setAside(key, windowLeftMs);
           this.logger.log({ keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, windowLeftMs: Math.round(windowLeftMs) }, 'not at the provider yet, but an attempt may still land: decided later');
-          return false;
+          return undefined;
         }
         // Both lookups start after the window closed: whatever was on its way has arrived by the second.
         await sleep(NOT_FOUND_RECHECK_MS);
@@ -162,11 +174,11 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     } catch (err) {
       if (!(err instanceof PspUnreachableError)) throw err;
       await this.phases.release(key);
-      return false;
+      return undefined;
     }
     const result = table === 'payments' ? await this.settlement.settlePayment(row.id, outcome, key.leaseToken) : await this.settlement.settleRefund(row.id, outcome, key.leaseToken);
     this.logger.log({ keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, outcome: outcome.status, result: result.kind }, 'reconciled');
-    return result.kind === 'answered';
+    return result;
   }
 
   private lookUp(table: AttemptTable, row: RecheckRow): Promise<ProviderOutcome | undefined> {

@@ -121,8 +121,13 @@ export class PaymentsService {
         throw err;
       });
     }
-    // Past the provider's key retention the same key could make a second charge: lookups only (the reconciler decides).
-    if (!outcome && payment.status === 'pending' && (!resumed || this.attempts.mayResend(payment.created_at))) {
+    if (!outcome && payment.status === 'pending' && resumed && !this.attempts.mayResend(payment.created_at)) {
+      // Nothing more is sent for this payment (ProviderAttempts.mayResend): lookups decide, as the reconciler's do.
+      const decided = await this.reconciler.decide(key);
+      if (decided) return decided.response;
+      throw paymentPending(payment.id);
+    }
+    if (!outcome && payment.status === 'pending' && (!resumed || (await this.attempts.resending('payments', payment.id, key)))) {
       const result = await this.psp.createCharge(
         { amountMinor: Number(payment.amount_minor), currency: payment.currency, source: payment.source, metadata: { orderId: payment.order_id, paymentId: payment.id } },
         payment.outbound_key,
@@ -140,9 +145,9 @@ export class PaymentsService {
     return settled.response;
   }
 
-  /** The payment of a key being resumed, its attempts' bound raised to this holder's lease before it may call out. */
+  /** The payment of a key being resumed. */
   private async resumePayment(keyId: string): Promise<string> {
-    const paymentId = await this.attempts.resuming('payments', keyId);
+    const paymentId = await this.attempts.ofKey('payments', keyId);
     // Only a key at PAYMENT_CREATED is ever committed unfinished, and its payment was inserted with it.
     if (!paymentId) throw new Error(`payment key ${keyId} is unfinished but has no payment`);
     return paymentId;

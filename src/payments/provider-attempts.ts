@@ -11,7 +11,7 @@ export type AttemptTable = 'payments' | 'refunds';
  * The bound a row's `last_attempt_by` stands for when it is NULL (written by a version that did not know the
  * column): that version sent within the lease that wrote the row, and no lease is longer than an hour.
  */
-const LAST_ATTEMPT_BY = `coalesce(last_attempt_by, created_at + interval '1 hour')`;
+const lastAttemptBy = (table: string) => `coalesce(${table}.last_attempt_by, ${table}.created_at + interval '1 hour')`;
 
 /**
  * When the provider may still act on what we sent it. A request can reach the provider long after we gave
@@ -30,16 +30,23 @@ export class ProviderAttempts {
   ) {}
 
   /**
-   * In the phase-1 transaction of a resumed key, before it calls out again: no attempt of this holder can be
-   * sent after its lease ends. The row's id (one statement: it also finds the row the key is for).
+   * A resumed holder is about to send again: no attempt of it can be sent after its lease ends. Fenced by its
+   * lease token; false when it has lost the key (then it must not send).
    */
-  async resuming(table: AttemptTable, keyId: string): Promise<string | undefined> {
-    const [row] = await this.db.query<{ id: string }>(
-      `UPDATE ${table} SET last_attempt_by = greatest(${LAST_ATTEMPT_BY}, (SELECT locked_until FROM idempotency_keys WHERE id = $1))
-        WHERE idempotency_key_id = $1
-       RETURNING id`,
-      [keyId],
+  async resending(table: AttemptTable, id: string, key: LeasedKey): Promise<boolean> {
+    const rows = await this.db.query(
+      `UPDATE ${table} t SET last_attempt_by = greatest(${lastAttemptBy('t')}, k.locked_until)
+         FROM idempotency_keys k
+        WHERE t.id = $1 AND k.id = $2 AND k.lease_token = $3
+       RETURNING t.id`,
+      [id, key.id, key.leaseToken],
     );
+    return rows.length === 1;
+  }
+
+  /** The row a resumed key is for. */
+  async ofKey(table: AttemptTable, keyId: string): Promise<string | undefined> {
+    const [row] = await this.db.query<{ id: string }>(`SELECT id FROM ${table} WHERE idempotency_key_id = $1`, [keyId]);
     return row?.id;
   }
 
@@ -50,7 +57,7 @@ export class ProviderAttempts {
    */
   async gaveUp(table: AttemptTable, id: string, key: LeasedKey): Promise<void> {
     await this.db.query(
-      `UPDATE ${table} SET last_attempt_by = least(${LAST_ATTEMPT_BY}, clock_timestamp())
+      `UPDATE ${table} SET last_attempt_by = least(${lastAttemptBy(table)}, clock_timestamp())
         WHERE id = $1 AND EXISTS (SELECT 1 FROM idempotency_keys WHERE id = $2 AND lease_token = $3)`,
       [id, key.id, key.leaseToken],
     );
@@ -60,7 +67,7 @@ export class ProviderAttempts {
   /** How long (ms, on the database's clock) an attempt of this row may still reach the provider; 0 when none can. */
   async landingWindowLeft(table: AttemptTable, id: string): Promise<number> {
     const [row] = await this.db.query<{ ms_left: number }>(
-      `SELECT greatest(0, extract(epoch FROM ${LAST_ATTEMPT_BY} + make_interval(secs => $2) - clock_timestamp()) * 1000)::float8 AS ms_left
+      `SELECT greatest(0, extract(epoch FROM ${lastAttemptBy(table)} + make_interval(secs => $2) - clock_timestamp()) * 1000)::float8 AS ms_left
          FROM ${table} WHERE id = $1`,
       [id, this.config.pspMaxLatencyMs / 1000],
     );
@@ -68,11 +75,14 @@ export class ProviderAttempts {
   }
 
   /**
-   * Whether the row may be sent again under its outbound key: the provider dedupes it only while it remembers
-   * the key, counted from the first attempt (phase 1, when the row was created), with a lease to spare.
+   * Whether a resumed holder may send the row again under its outbound key. Only while the row is younger than
+   * PSP_MAX_LATENCY_MS: after that nothing new is sent, so the landing window can close and lookups decide (a
+   * client retrying faster than the window against a provider that never answers would otherwise keep it open
+   * for ever). And only while the provider remembers the key — counted from the first attempt, when the row was
+   * created, with a lease to spare — since past that the same key could make a second charge.
    */
   mayResend(createdAt: Date): boolean {
     const forgetsAt = createdAt.getTime() + this.config.pspKeyRetentionHours * 3_600_000 - this.config.idempotencyLeaseSeconds * 1000;
-    return Date.now() < forgetsAt;
+    return Date.now() < Math.min(forgetsAt, createdAt.getTime() + this.config.pspMaxLatencyMs);
   }
 }

@@ -10,6 +10,7 @@ import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';
 import { paymentNotFound, paymentPending, providerUnavailable, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
 import { outboundKeyOf, PAYMENT_COLUMNS, type PaymentRow, prefixed, REFUND_COLUMNS, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
+import { PaymentReconciler } from './payment-reconciler.js';
 import { ProviderAttempts } from './provider-attempts.js';
 import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
 import { foundRefundOutcome, recordedOutcome, refundOutcome } from './provider-outcomes.js';
@@ -36,6 +37,7 @@ export class RefundsService {
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
     private readonly attempts: ProviderAttempts,
+    private readonly reconciler: PaymentReconciler,
   ) {}
 
   async refundPayment(scope: KeyScope, paymentId: string, amountMinor: number | undefined): Promise<KeyAnswer> {
@@ -97,7 +99,13 @@ export class RefundsService {
         throw err;
       });
     }
-    if (!outcome && refund.status === 'pending' && (!resumed || this.attempts.mayResend(refund.created_at))) {
+    if (!outcome && refund.status === 'pending' && resumed && !this.attempts.mayResend(refund.created_at)) {
+      // Nothing more is sent for this refund: lookups decide, as the reconciler's do.
+      const decided = await this.reconciler.decide(key);
+      if (decided) return decided.response;
+      throw paymentPending(refund.id, 'refund');
+    }
+    if (!outcome && refund.status === 'pending' && (!resumed || (await this.attempts.resending('refunds', refund.id, key)))) {
       const result = await this.psp.createRefund(
         { chargeId: refund.charge_id, amountMinor: Number(refund.amount_minor), metadata: { refundId: refund.id, paymentId: refund.payment_id } },
         refund.outbound_key,
@@ -115,9 +123,9 @@ export class RefundsService {
     return settled.response;
   }
 
-  /** The refund of a key being resumed, its attempts' bound raised to this holder's lease before it may call out. */
+  /** The refund of a key being resumed. */
   private async resumeRefund(keyId: string): Promise<string> {
-    const refundId = await this.attempts.resuming('refunds', keyId);
+    const refundId = await this.attempts.ofKey('refunds', keyId);
     if (!refundId) throw new Error(`refund key ${keyId} is unfinished but has no refund`);
     return refundId;
   }

@@ -1969,6 +1969,8 @@ export interface operations {
             header: {
                 /** @description The ETag of your last read of the order, e.g. "3". The change applies only if the order is still at that version. */
                 "If-Match": string;
+                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
+                "Idempotency-Key"?: string;
             };
             path: {
                 id: string;
@@ -1997,6 +1999,8 @@ export interface operations {
              *
              *     If-Match is not a list of quoted ETags.
              *
+             *     Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).
+             *
              *     The body is not valid JSON.
              *
              *     The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).
@@ -2006,7 +2010,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["InvalidIfMatchProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["InvalidIfMatchProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -2047,17 +2051,19 @@ export interface operations {
              * @description The order is past the point where its details may change.
              *
              *     Another request held the order longer than the lock timeout: nothing changed; retry after Retry-After seconds.
+             *
+             *     A request with this Idempotency-Key is still running. Retry after Retry-After seconds.
              */
             409: {
                 headers: {
                     /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
-                    /** @description Seconds to wait before retrying */
+                    /** @description seconds */
                     "Retry-After"?: string;
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["OrderNotEditableProblem"] | components["schemas"]["ConcurrentRequestProblem"];
+                    "application/problem+json": components["schemas"]["OrderNotEditableProblem"] | components["schemas"]["ConcurrentRequestProblem"] | components["schemas"]["IdempotencyKeyInUseProblem"];
                 };
             };
             /** @description If-Match names a version the order is no longer at. Nothing was changed; the ETag header has the current version: read the order again and retry. */
@@ -2110,6 +2116,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["UnsupportedMediaTypeProblem"] | components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:idempotency-key-reused",
+                     *       "title": "Idempotency-Key is already used",
+                     *       "status": 422,
+                     *       "detail": "This key was first used for a different request; use a new key for a new request."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"];
+                };
+            };
             /** @description If-Match is missing (or is *, which names no version). */
             428: {
                 headers: {
@@ -2126,6 +2149,15 @@ export interface operations {
                      */
                     "application/problem+json": components["schemas"]["PreconditionRequiredProblem"];
                 };
+            };
+            /** @description Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
+            default: {
+                headers: {
+                    /** @description true when this is the stored response of an earlier request with the same key */
+                    "Idempotent-Replayed"?: "true";
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };

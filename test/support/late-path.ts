@@ -21,7 +21,7 @@ export class LatePath {
   /** The provider's base, without /psp (set once the provider listens). */
   target = '';
   readonly held: HeldRequest[] = [];
-  private rule?: { path: string; delayMs: number; key?: string };
+  private readonly rules = new Map<string, { delayMs: number; choose: (n: number) => boolean; seen: Map<string, boolean> }>();
   private readonly inFlight = new Set<Promise<void>>();
   private readonly server: Server = createServer((req, res) => this.track(this.forward(req, res)));
 
@@ -32,7 +32,12 @@ export class LatePath {
 
   /** From now on, the requests under the next new Idempotency-Key sent to `path` arrive `delayMs` late. */
   delayFirstKey(path: '/psp/charges' | '/psp/refunds', delayMs: number): void {
-    this.rule = { path, delayMs };
+    this.delayKeys(path, delayMs, (n) => n === 0);
+  }
+
+  /** From now on, every request under the n-th new Idempotency-Key sent to `path` arrives `delayMs` late when `choose(n)`. */
+  delayKeys(path: '/psp/charges' | '/psp/refunds', delayMs: number, choose: (n: number) => boolean): void {
+    this.rules.set(path, { delayMs, choose, seen: new Map() });
   }
 
   /** Resolves once every held request has reached the provider and been answered there. */
@@ -58,13 +63,14 @@ export class LatePath {
     const key = typeof req.headers['idempotency-key'] === 'string' ? req.headers['idempotency-key'] : undefined;
     const path = (req.url ?? '').split('?')[0];
     let held: HeldRequest | undefined;
-    if (this.rule && req.method === 'POST' && path === this.rule.path && key !== undefined) {
-      this.rule.key ??= key;
-      if (this.rule.key === key) {
+    const rule = req.method === 'POST' && key !== undefined ? this.rules.get(path) : undefined;
+    if (rule && key !== undefined) {
+      if (!rule.seen.has(key)) rule.seen.set(key, rule.choose(rule.seen.size));
+      if (rule.seen.get(key)) {
         held = { path, idempotencyKey: key };
         this.held.push(held);
         // The fault under test: the request is on its way, and reaches the provider this much later.
-        await sleep(this.rule.delayMs);
+        await sleep(rule.delayMs);
       }
     }
     const headers: Record<string, string> = {};
