@@ -1969,7 +1969,7 @@ export interface operations {
             header: {
                 /** @description The ETag of your last read of the order, e.g. "3". The change applies only if the order is still at that version. */
                 "If-Match": string;
-                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
+                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response. Editing the body (any field) and sending it under the same key is a 422 and nothing runs: a changed request needs a new key. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
                 "Idempotency-Key"?: string;
             };
             path: {
