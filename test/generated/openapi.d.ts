@@ -3325,7 +3325,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
+                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. Another body (or another order or payment in the path) under the same key is a 422 and nothing is charged: a changed request needs a new key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
                 "Idempotency-Key": string;
             };
             path: {
@@ -3714,7 +3714,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
+                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. Another body (or another order or payment in the path) under the same key is a 422 and nothing is charged: a changed request needs a new key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
                 "Idempotency-Key": string;
             };
             path: {
