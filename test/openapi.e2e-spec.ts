@@ -94,6 +94,20 @@ describe('the OpenAPI document the app serves', () => {
     expect(run.code).toBe(0);
   }, CLI_TIMEOUT_MS);
 
+  it('has no text Swagger UI would swallow as an HTML tag: descriptions are Markdown, so "<version>" outside a code span vanishes', async () => {
+    const document: unknown = JSON.parse(await readFile(documentPath, 'utf8'));
+    const swallowed: string[] = [];
+    const walk = (node: unknown, path: string): void => {
+      if (typeof node === 'string') {
+        if (/(description|summary)$/.test(path) && /<[A-Za-z/]/.test(node.replace(/`[^`]*`/g, ''))) swallowed.push(`${path}: ${node}`);
+      } else if (node && typeof node === 'object') {
+        for (const [key, value] of Object.entries(node)) walk(value, `${path}.${key}`);
+      }
+    };
+    walk(document, '');
+    expect(swallowed).toEqual([]);
+  });
+
   it('is what the committed client types (test/generated/openapi.d.ts) were generated from', async () => {
     const generated = join(dir, 'openapi.d.ts');
     const run = await runBin('openapi-typescript', [documentPath, '--output', generated]);

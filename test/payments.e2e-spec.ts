@@ -26,6 +26,8 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       // settle pending payments too, have their own tests (payments-webhooks.e2e-spec.ts).
       RECONCILE_INTERVAL_MS: '0',
       PSP_WEBHOOK_URL: 'none',
+      // The fault tokens' unknown outcomes follow one another here; the breaker has its own test below.
+      PSP_BREAKER_THRESHOLD: '50',
     });
   });
   afterAll(async () => {
@@ -278,6 +280,47 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(await orderState(orderId)).toMatchObject({ status: 'created' });
       // Failed: the order may be paid again with a new key.
       expect((await pay(orderId, 'tok_visa')).status).toBe(201);
+    });
+  });
+
+  describe("the provider's confirmation is never dropped", () => {
+    it('a holder whose lease was taken over still applies a confirmed charge, as a webhook would; the new holder then gets that answer', async () => {
+      const orderId = await createOrder();
+      const lost = await pay(orderId, 'tok_lost');
+      expect(lost.status).toBe(503);
+      const { rows } = await t.db.query(`SELECT idempotency_key_id AS key_id FROM payments WHERE id = $1`, [lost.body.paymentId]);
+      const phases = t.app.get(AtomicPhases);
+      const settlement = t.app.get(PaymentSettlement);
+      const slow = await phases.takeOverLease(rows[0].key_id);
+      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() - interval '1 second' WHERE id = $1`, [rows[0].key_id]);
+      const fresh = await phases.takeOverLease(rows[0].key_id);
+      expect(fresh?.leaseToken).not.toBe(slow!.leaseToken);
+      const [charge] = await charges(orderId);
+      const confirmed = await settlement.settlePayment(lost.body.paymentId, { status: 'succeeded', providerId: charge.id }, slow!.leaseToken);
+      expect(confirmed).toMatchObject({ kind: 'answered', changed: true, response: { status: 201 } });
+      expect(await orderState(orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+      const after = await settlement.settlePayment(lost.body.paymentId, { status: 'succeeded', providerId: charge.id }, fresh!.leaseToken);
+      expect(after).toMatchObject({ kind: 'answered', changed: false, response: { status: 201 } });
+      expect(await unfinishedKeys()).toBe(0);
+    });
+
+    it('a confirmed charge for a payment already failed as never reached is handed to the late-charge refund, and the sweep stops asking', async () => {
+      const orderId = await createOrder();
+      const unreachable = await pay(orderId, 'tok_unavailable');
+      expect(unreachable.status).toBe(503);
+      expect(await reconcile()).toBeGreaterThanOrEqual(1);
+      const paymentId = unreachable.body.paymentId as string;
+      expect(await paymentsOf(orderId)).toMatchObject([{ status: 'failed', failure_code: 'provider_unreachable' }]);
+      const { rows: watched } = await t.db.query(`SELECT recheck_at IS NOT NULL AS watched FROM provider_attempts WHERE subject_id = $1`, [paymentId]);
+      expect(watched).toEqual([{ watched: true }]);
+      // A settler that learnt of a charge the provider made after all (its id is all the refund needs here).
+      const settled = await t.app.get(PaymentSettlement).settlePayment(paymentId, { status: 'succeeded', providerId: `ch_late_${randomUUID()}` });
+      expect(settled).toMatchObject({ kind: 'answered', changed: false, response: { status: 402 } });
+      const { rows: late } = await t.db.query(`SELECT charge_id FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
+      expect(late).toHaveLength(1);
+      const { rows: after } = await t.db.query(`SELECT recheck_at FROM provider_attempts WHERE subject_id = $1`, [paymentId]);
+      expect(after).toEqual([{ recheck_at: null }]);
+      expect(await paymentsOf(orderId)).toMatchObject([{ status: 'failed' }]);
     });
   });
 

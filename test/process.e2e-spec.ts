@@ -162,10 +162,33 @@ describe('the service process on a shared database', () => {
   it('refuses to start on a bad variable, naming it', async () => {
     const { code, output } = await runServiceToExit({ DATABASE_URL: database.url, API_KEYS, PORT: 'eighty' });
     expect(code).toBe(1);
-    expect(output).toContain('Invalid configuration: PORT');
+    expect(output).toContain('PORT must be a whole number from 0 to 65535 (got "eighty")');
     const noKeys = await runServiceToExit({ DATABASE_URL: database.url });
     expect(noKeys.code).toBe(1);
     expect(noKeys.output).toContain('API_KEYS is required when DATABASE_URL is set');
+    // Every bad variable in the one refusal, not one per start.
+    const several = await runServiceToExit({ DATABASE_URL: database.url, PSP_SANDBOX: 'in-process', PSP_WEBHOOK_SECRET: '', PORT: 'eighty' });
+    expect(several.code).toBe(1);
+    expect(several.output.trim().split('\n')).toEqual([
+      'Invalid configuration (3 variables):',
+      '  API_KEYS is required when DATABASE_URL is set (got "")',
+      '  PSP_WEBHOOK_SECRET is required when DATABASE_URL is set, and must not be the published dev secret (got "")',
+      '  PORT must be a whole number from 0 to 65535 (got "eighty")',
+    ]);
+  }, PROCESS_TEST_TIMEOUT_MS);
+
+  it('a DATABASE_URL nobody answers at: says where it connects at once (no password), then one line naming DATABASE_URL', async () => {
+    const port = await freePort();
+    const started = Date.now();
+    const { code, output } = await runServiceToExit({ DATABASE_URL: `postgres://orders:Sup3rS3cret@127.0.0.1:${port}/orders`, API_KEYS, PSP_SANDBOX: 'in-process' });
+    expect(code).toBe(1);
+    expect(output.trim().split('\n')).toEqual([
+      `connecting to DATABASE_URL (orders@127.0.0.1:${port}/orders)`,
+      `Cannot connect to the database of DATABASE_URL (orders@127.0.0.1:${port}/orders): connect ECONNREFUSED 127.0.0.1:${port}`,
+    ]);
+    expect(output).not.toContain('Sup3rS3cret');
+    // Not TypeORM's ten retries three seconds apart.
+    expect(Date.now() - started).toBeLessThan(20_000);
   }, PROCESS_TEST_TIMEOUT_MS);
 });
 

@@ -408,3 +408,35 @@ describe('loadConfig: DATABASE_PREPARED_STATEMENTS', () => {
     expect(loadConfig({ ...pooled, DATABASE_PREPARED_STATEMENTS: 'true' }).databasePreparedStatements).toBe(true);
   });
 });
+
+describe('loadConfig: every problem at once', () => {
+  it('names every bad variable in one error, one line each, in the order they are checked', () => {
+    const err = configError({ PORT: 'eighty', LOG_LEVEL: 'loud', PSP_WEBHOOK_DUPLICATES: 'yes' });
+    expect(err.variables).toEqual(['LOG_LEVEL', 'PORT', 'PSP_WEBHOOK_DUPLICATES']);
+    expect(err.message.split('\n')).toEqual([
+      'Invalid configuration (3 variables):',
+      `  LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent (got "loud")`,
+      '  PORT must be a whole number from 0 to 65535 (got "eighty")',
+      '  PSP_WEBHOOK_DUPLICATES must be true or false (got "yes")',
+    ]);
+  });
+
+  it('names everything a real database requires when all of it is missing, not one per start', () => {
+    const err = configError({ DATABASE_URL: PG_URL });
+    expect(err.variables).toEqual(['API_KEYS', 'PSP_WEBHOOK_SECRET', 'PSP_BASE_URL']);
+    expect(err.message).toContain('PSP_BASE_URL is required when DATABASE_URL is set');
+    expect(err.message).toContain('API_KEYS is required when DATABASE_URL is set');
+    expect(err.message).toContain('PSP_WEBHOOK_SECRET is required when DATABASE_URL is set');
+  });
+
+  it('a single problem keeps its one-line message', () => {
+    const err = configError({ PORT: 'eighty' });
+    expect(err.variables).toEqual(['PORT']);
+    expect(err.message).toBe('Invalid configuration: PORT must be a whole number from 0 to 65535 (got "eighty")');
+  });
+
+  it('does not add a lease problem computed from an invalid attempt count or timeout', () => {
+    expect(configError({ PSP_MAX_ATTEMPTS: 'five', IDEMPOTENCY_LEASE_SECONDS: '5' }).variables).toEqual(['PSP_MAX_ATTEMPTS']);
+    expect(configError({ PSP_TIMEOUT_MS: '0', IDEMPOTENCY_LEASE_SECONDS: '5' }).variables).toEqual(['PSP_TIMEOUT_MS']);
+  });
+});

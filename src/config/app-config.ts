@@ -1,6 +1,7 @@
 /**
  * The service's configuration: read from the environment once, validated once, typed.
- * A bad value stops start-up with a message that names the variable (see `ConfigError`).
+ * A bad value stops start-up with a message that names the variable (see `ConfigError`); every bad
+ * or missing variable is named at once, not one per start.
  */
 export interface ApiClient {
   clientId: string;
@@ -84,19 +85,67 @@ export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmd
 export const LEASE_MARGIN_MS = 2_000;
 
 export class ConfigError extends Error {
+  /** `PORT must be … (got "x")`: this variable's problem alone. */
+  readonly problem: string;
+  /** Every variable named, in the order checked (several when several are bad). */
+  variables: string[];
+
   constructor(readonly variable: string, problem: string, value: string) {
-    super(`Invalid configuration: ${variable} ${problem} (got ${JSON.stringify(value)})`);
+    const detail = `${variable} ${problem} (got ${JSON.stringify(value)})`;
+    super(`Invalid configuration: ${detail}`);
     this.name = 'ConfigError';
+    this.problem = detail;
+    this.variables = [variable];
+  }
+
+  /** One error for all the problems found: the first one's variable, a message with one line each. */
+  static of(errors: ConfigError[]): ConfigError {
+    if (errors.length === 1) return errors[0];
+    const all = new ConfigError(errors[0].variable, '', '');
+    all.message = [`Invalid configuration (${errors.length} variables):`, ...errors.map((e) => `  ${e.problem}`)].join('\n');
+    all.variables = errors.map((e) => e.variable);
+    return all;
   }
 }
 
 type Env = Record<string, string | undefined>;
 
+/** The problems found so far in each environment being read (see readingAll). */
+const problemsOf = new WeakMap<Env, ConfigError[]>();
+
+/** Records `error` for `env` and carries on with `fallback`, so that the next variables are checked too. */
+function invalid<T>(env: Env, error: ConfigError, fallback: T): T {
+  const problems = problemsOf.get(env);
+  if (!problems) throw error;
+  problems.push(error);
+  return fallback;
+}
+
+/** Runs `read` over `env`, then throws one ConfigError naming every problem it found (one thrown directly included). */
+function readingAll<T>(env: Env, read: () => T): T {
+  if (problemsOf.has(env)) return read();
+  const problems: ConfigError[] = [];
+  problemsOf.set(env, problems);
+  let config: T | undefined;
+  try {
+    config = read();
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    problems.push(err);
+  } finally {
+    problemsOf.delete(env);
+  }
+  if (problems.length) throw ConfigError.of(problems);
+  return config as T;
+}
+
+const hasProblem = (env: Env, ...variables: string[]) => problemsOf.get(env)?.some((e) => variables.includes(e.variable)) ?? false;
+
 function integer(env: Env, name: string, fallback: number, min: number, max: number): number {
   const raw = env[name];
   if (raw === undefined || raw === '') return fallback;
   if (!/^\d+$/.test(raw.trim()) || Number(raw) < min || Number(raw) > max) {
-    throw new ConfigError(name, `must be a whole number from ${min} to ${max}`, raw);
+    return invalid(env, new ConfigError(name, `must be a whole number from ${min} to ${max}`, raw), fallback);
   }
   return Number(raw);
 }
@@ -116,7 +165,7 @@ function boolean(env: Env, name: string, fallback: boolean): boolean {
   const raw = env[name];
   if (raw === undefined || raw === '') return fallback;
   // Only the two words: "0", "yes" or "TRUE" would each be someone's guess at the other meaning.
-  if (raw !== 'true' && raw !== 'false') throw new ConfigError(name, 'must be true or false', raw);
+  if (raw !== 'true' && raw !== 'false') return invalid(env, new ConfigError(name, 'must be true or false', raw), fallback);
   return raw === 'true';
 }
 
@@ -127,10 +176,10 @@ function url(env: Env, name: string, protocols: string[]): string | undefined {
   try {
     parsed = new URL(raw);
   } catch {
-    throw new ConfigError(name, 'must be a URL', printableUrl(raw));
+    return invalid(env, new ConfigError(name, 'must be a URL', printableUrl(raw)), undefined);
   }
   if (!protocols.includes(parsed.protocol)) {
-    throw new ConfigError(name, `must use ${protocols.join(' or ')}`, printableUrl(raw));
+    return invalid(env, new ConfigError(name, `must use ${protocols.join(' or ')}`, printableUrl(raw)), undefined);
   }
   return raw;
 }
@@ -138,35 +187,30 @@ function url(env: Env, name: string, protocols: string[]): string | undefined {
 /** Only the client ids of API_KEYS are ever printed. */
 const printableKeys = (raw: string) => raw.split(',').map((pair) => `${pair.split(':')[0].split('=')[0].trim()}:***`).join(',');
 
-function apiClients(raw: string): ApiClient[] {
+function apiClients(env: Env, raw: string): ApiClient[] {
   const clients = raw.split(',').map((pair) => {
     const at = pair.indexOf(':');
-    const clientId = pair.slice(0, at).trim();
-    const secret = pair.slice(at + 1).trim();
-    if (at < 1 || !/^[A-Za-z0-9._-]{1,64}$/.test(clientId) || secret.length < 16) {
-      throw new ConfigError(
-        'API_KEYS',
-        'must be a comma-separated list of clientId:secret (clientId of letters, digits, ._-; secret of 16+ characters)',
-        printableKeys(raw),
-      );
-    }
-    return { clientId, secret };
+    return { at, clientId: pair.slice(0, at).trim(), secret: pair.slice(at + 1).trim() };
   });
+  if (clients.some(({ at, clientId, secret }) => at < 1 || !/^[A-Za-z0-9._-]{1,64}$/.test(clientId) || secret.length < 16)) {
+    const problem = 'must be a comma-separated list of clientId:secret (clientId of letters, digits, ._-; secret of 16+ characters)';
+    return invalid(env, new ConfigError('API_KEYS', problem, printableKeys(raw)), []);
+  }
   const ids = new Set(clients.map((c) => c.clientId));
   const secrets = new Set(clients.map((c) => c.secret));
   if (ids.size !== clients.length || secrets.size !== clients.length) {
-    throw new ConfigError('API_KEYS', 'must not repeat a clientId or a secret', printableKeys(raw));
+    return invalid(env, new ConfigError('API_KEYS', 'must not repeat a clientId or a secret', printableKeys(raw)), []);
   }
-  return clients;
+  return clients.map(({ clientId, secret }) => ({ clientId, secret }));
 }
 
 /** A Standard Webhooks secret: `whsec_` + base64 of at least 16 random bytes (the prefix is optional, as for the library). */
-function webhookSecret(raw: string): string {
+function webhookSecret(env: Env, raw: string): string {
   const encoded = raw.startsWith('whsec_') ? raw.slice('whsec_'.length) : raw;
   const wellFormed = /^[A-Za-z0-9+/]+={0,2}$/.test(encoded) && encoded.length % 4 === 0;
   if (!wellFormed || Buffer.from(encoded, 'base64').length < 16) {
     // The value is never printed: even a malformed secret may be a real one with a typo.
-    throw new ConfigError('PSP_WEBHOOK_SECRET', 'must be whsec_ followed by the base64 of at least 16 bytes', '***');
+    return invalid(env, new ConfigError('PSP_WEBHOOK_SECRET', 'must be whsec_ followed by the base64 of at least 16 bytes', '***'), raw);
   }
   return raw;
 }
@@ -177,36 +221,38 @@ function webhookSecret(raw: string): string {
  */
 function pspSandbox(env: Env, databaseUrl: string | undefined, pspBaseUrl: string | undefined): Pick<AppConfig, 'pspSandbox' | 'pspSandboxOptedIn'> {
   const raw = env.PSP_SANDBOX?.trim() || undefined;
-  if (raw !== undefined && raw !== 'in-process') throw new ConfigError('PSP_SANDBOX', 'must be in-process or unset', raw);
+  const off = { pspSandbox: 'off', pspSandboxOptedIn: false } as const;
+  if (raw !== undefined && raw !== 'in-process') return invalid(env, new ConfigError('PSP_SANDBOX', 'must be in-process or unset', raw), off);
   if (pspBaseUrl) {
-    if (raw) throw new ConfigError('PSP_SANDBOX', 'must be unset when PSP_BASE_URL names the provider (set one of the two)', raw);
-    return { pspSandbox: 'off', pspSandboxOptedIn: false };
+    if (raw) return invalid(env, new ConfigError('PSP_SANDBOX', 'must be unset when PSP_BASE_URL names the provider (set one of the two)', raw), off);
+    return off;
   }
   if (databaseUrl && !raw) {
-    throw new ConfigError(
-      'PSP_BASE_URL',
-      'is required when DATABASE_URL is set: name your payment provider, or set PSP_SANDBOX=in-process to mount the unauthenticated test sandbox on this port (demos only)',
-      '',
-    );
+    const problem =
+      'is required when DATABASE_URL is set: name your payment provider, or set PSP_SANDBOX=in-process to mount the unauthenticated test sandbox on this port (demos only)';
+    return invalid(env, new ConfigError('PSP_BASE_URL', problem, ''), off);
   }
   return { pspSandbox: 'in-process', pspSandboxOptedIn: databaseUrl !== undefined };
 }
 
 function webhookDelivery(env: Env): AppConfig['pspWebhookDelivery'] {
-  if (env.PSP_WEBHOOK_URL === 'none') return { to: 'none' };
+  const raw = env.PSP_WEBHOOK_URL;
+  if (raw === 'none') return { to: 'none' };
+  if (raw === undefined || raw === '') return { to: 'self' };
+  let web = false;
   try {
-    const target = url(env, 'PSP_WEBHOOK_URL', ['http:', 'https:']);
-    return target === undefined ? { to: 'self' } : { to: 'url', url: target };
-  } catch (err) {
-    if (!(err instanceof ConfigError)) throw err;
-    throw new ConfigError('PSP_WEBHOOK_URL', 'must be an http(s) URL or the word none', printableUrl(env.PSP_WEBHOOK_URL ?? ''));
+    web = ['http:', 'https:'].includes(new URL(raw).protocol);
+  } catch {
+    // Not a URL: refused below.
   }
+  if (web) return { to: 'url', url: raw };
+  return invalid(env, new ConfigError('PSP_WEBHOOK_URL', 'must be an http(s) URL or the word none', printableUrl(raw)), { to: 'self' });
 }
 
 /** 0 turns the reconciler off; anything else is a period of at least 100 ms, so it cannot spin. */
 function reconcileInterval(env: Env): number {
   const ms = integer(env, 'RECONCILE_INTERVAL_MS', 30_000, 0, 86_400_000);
-  if (ms !== 0 && ms < 100) throw new ConfigError('RECONCILE_INTERVAL_MS', 'must be 0 (off) or from 100 to 86400000', String(ms));
+  if (ms !== 0 && ms < 100) return invalid(env, new ConfigError('RECONCILE_INTERVAL_MS', 'must be 0 (off) or from 100 to 86400000', String(ms)), ms);
   return ms;
 }
 
@@ -216,10 +262,14 @@ const PGBOUNCER_PORT = '6432';
 function preparedStatements(env: Env, databaseUrl: string | undefined): boolean | undefined {
   if (env.DATABASE_PREPARED_STATEMENTS === undefined || env.DATABASE_PREPARED_STATEMENTS === '') {
     if (databaseUrl && new URL(databaseUrl).port === PGBOUNCER_PORT) {
-      throw new ConfigError(
-        'DATABASE_PREPARED_STATEMENTS',
-        `must be set when DATABASE_URL is on port ${PGBOUNCER_PORT} (PgBouncer's): false for a transaction pooler that cannot keep named statements (PgBouncer before 1.21), true for one that can (max_prepared_statements) or for PostgreSQL itself`,
-        '',
+      return invalid(
+        env,
+        new ConfigError(
+          'DATABASE_PREPARED_STATEMENTS',
+          `must be set when DATABASE_URL is on port ${PGBOUNCER_PORT} (PgBouncer's): false for a transaction pooler that cannot keep named statements (PgBouncer before 1.21), true for one that can (max_prepared_statements) or for PostgreSQL itself`,
+          '',
+        ),
+        undefined,
       );
     }
     return undefined;
@@ -233,38 +283,50 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
 export type DatabaseConfig = Pick<AppConfig, 'databaseUrl' | 'databaseMigrationUrl' | 'embeddedPgDir' | 'embeddedPgPort'>;
 
 export function loadDatabaseConfig(env: Env = process.env): DatabaseConfig {
-  const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']);
-  const databaseMigrationUrl = url(env, 'DATABASE_MIGRATION_URL', ['postgres:', 'postgresql:']);
-  if (databaseMigrationUrl && !databaseUrl) {
-    throw new ConfigError('DATABASE_MIGRATION_URL', 'needs DATABASE_URL (the embedded database is reached directly)', printableUrl(databaseMigrationUrl));
-  }
-  return {
-    databaseUrl,
-    databaseMigrationUrl,
-    embeddedPgDir: env.EMBEDDED_PG_DIR || '.data/postgres',
-    // 54329: next to PostgreSQL's 5432 but off it, so a local server on 5432 does not collide.
-    embeddedPgPort: integer(env, 'EMBEDDED_PG_PORT', 54329, 1024, 65535),
-  };
+  return readingAll(env, () => {
+    const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']);
+    let databaseMigrationUrl = url(env, 'DATABASE_MIGRATION_URL', ['postgres:', 'postgresql:']);
+    if (databaseMigrationUrl && !databaseUrl && !hasProblem(env, 'DATABASE_URL')) {
+      databaseMigrationUrl = invalid(
+        env,
+        new ConfigError('DATABASE_MIGRATION_URL', 'needs DATABASE_URL (the embedded database is reached directly)', printableUrl(databaseMigrationUrl)),
+        undefined,
+      );
+    }
+    return {
+      databaseUrl,
+      databaseMigrationUrl,
+      embeddedPgDir: env.EMBEDDED_PG_DIR || '.data/postgres',
+      // 54329: next to PostgreSQL's 5432 but off it, so a local server on 5432 does not collide.
+      embeddedPgPort: integer(env, 'EMBEDDED_PG_PORT', 54329, 1024, 65535),
+    };
+  });
 }
 
 export function loadConfig(env: Env = process.env): AppConfig {
+  return readingAll(env, () => readConfig(env));
+}
+
+function readConfig(env: Env): AppConfig {
   const { databaseUrl, databaseMigrationUrl, embeddedPgDir, embeddedPgPort } = loadDatabaseConfig(env);
   const rawKeys = env.API_KEYS?.trim();
   if (!rawKeys && databaseUrl) {
     // The dev key is published in the README: it must never guard a real database.
-    throw new ConfigError('API_KEYS', 'is required when DATABASE_URL is set', '');
+    invalid(env, new ConfigError('API_KEYS', 'is required when DATABASE_URL is set', ''), undefined);
   }
-  const logLevel = env.LOG_LEVEL || 'info';
+  let logLevel = env.LOG_LEVEL || 'info';
   if (!(LOG_LEVELS as readonly string[]).includes(logLevel)) {
-    throw new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`, logLevel);
+    logLevel = invalid(env, new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`, logLevel), 'info');
   }
-  if (databaseUrl && rawKeys && apiClients(rawKeys).some((client) => client.secret === DEV_API_CLIENT.secret)) {
-    throw new ConfigError('API_KEYS', 'must not use the published dev secret when DATABASE_URL is set', printableKeys(rawKeys));
+  const clients = rawKeys ? apiClients(env, rawKeys) : [DEV_API_CLIENT];
+  if (databaseUrl && rawKeys && clients.some((client) => client.secret === DEV_API_CLIENT.secret)) {
+    invalid(env, new ConfigError('API_KEYS', 'must not use the published dev secret when DATABASE_URL is set', printableKeys(rawKeys)), undefined);
   }
   const rawWebhookSecret = env.PSP_WEBHOOK_SECRET?.trim();
   if (databaseUrl && (!rawWebhookSecret || rawWebhookSecret === DEV_WEBHOOK_SECRET)) {
     // Whoever knows the dev secret (everyone: it is in the repository) could forge "charge.succeeded".
-    throw new ConfigError('PSP_WEBHOOK_SECRET', 'is required when DATABASE_URL is set, and must not be the published dev secret', rawWebhookSecret ? '***' : '');
+    const problem = 'is required when DATABASE_URL is set, and must not be the published dev secret';
+    invalid(env, new ConfigError('PSP_WEBHOOK_SECRET', problem, rawWebhookSecret ? '***' : ''), undefined);
   }
   // 2 s per attempt: a card charge normally answers well under a second; past 2 s a retry under the same key is the better bet.
   const pspTimeoutMs = integer(env, 'PSP_TIMEOUT_MS', 2_000, 1, 60_000);
@@ -274,14 +336,15 @@ export function loadConfig(env: Env = process.env): AppConfig {
   // 60 s: ample for the default retry budget (5 × 2 s + 2 s = 12 s) and still a short wait after a crash.
   const idempotencyLeaseSeconds = integer(env, 'IDEMPOTENCY_LEASE_SECONDS', 60, 1, 3_600);
   const retryBudgetMs = pspMaxAttempts * pspTimeoutMs + LEASE_MARGIN_MS;
-  if (idempotencyLeaseSeconds * 1000 < retryBudgetMs) {
+  // Measured against the budget only when both of its factors are valid: otherwise it would be a guess.
+  if (idempotencyLeaseSeconds * 1000 < retryBudgetMs && !hasProblem(env, 'PSP_MAX_ATTEMPTS', 'PSP_TIMEOUT_MS', 'IDEMPOTENCY_LEASE_SECONDS')) {
     // A lease that ends while its holder is still calling the provider lets a retry take over mid-call.
-    throw new ConfigError(
+    invalid(env, new ConfigError(
       'IDEMPOTENCY_LEASE_SECONDS',
       `must be at least ${Math.ceil(retryBudgetMs / 1000)} to outlast the retry budget ` +
         `(PSP_MAX_ATTEMPTS ${pspMaxAttempts} × PSP_TIMEOUT_MS ${pspTimeoutMs} + ${LEASE_MARGIN_MS} ms)`,
       String(idempotencyLeaseSeconds),
-    );
+    ), undefined);
   }
   const pspBaseUrl = url(env, 'PSP_BASE_URL', ['http:', 'https:']);
   return {
@@ -291,7 +354,7 @@ export function loadConfig(env: Env = process.env): AppConfig {
     databaseMigrationUrl,
     embeddedPgDir,
     embeddedPgPort,
-    apiClients: rawKeys ? apiClients(rawKeys) : [DEV_API_CLIENT],
+    apiClients: clients,
     usingDevApiKey: !rawKeys,
     // 24 h, as Stripe: long enough for a client's retries across an outage, short enough to bound the table.
     idempotencyTtlSeconds: integer(env, 'IDEMPOTENCY_TTL_SECONDS', 86_400, 1, 30 * 86_400),
@@ -320,7 +383,7 @@ export function loadConfig(env: Env = process.env): AppConfig {
     pspBreakerThreshold: integer(env, 'PSP_BREAKER_THRESHOLD', 5, 1, 1_000),
     // 10 s: short enough that a recovered provider is used again quickly, long enough to give it air.
     pspBreakerHalfOpenMs: integer(env, 'PSP_BREAKER_HALF_OPEN_MS', 10_000, 100, 600_000),
-    pspWebhookSecret: rawWebhookSecret ? webhookSecret(rawWebhookSecret) : DEV_WEBHOOK_SECRET,
+    pspWebhookSecret: rawWebhookSecret ? webhookSecret(env, rawWebhookSecret) : DEV_WEBHOOK_SECRET,
     usingDevWebhookSecret: !rawWebhookSecret,
     pspWebhookDelivery: webhookDelivery(env),
     // Off by default: the sandbox's webhooks arrive once unless a test or demo asks for duplicates.

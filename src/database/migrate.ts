@@ -51,7 +51,12 @@ async function main(): Promise<number> {
   // As `npm start` does: ./.env first (the real environment wins), then only what locates the database.
   loadEnvFile();
   const config = loadDatabaseConfig();
-  const server = await openDatabaseServer(config);
+  // Next to a running `npm start`, its server is used (never stopped): these commands are short, and
+  // migrations take the same advisory lock as a starting service, so they are safe beside one.
+  const server = await openDatabaseServer(config, { shareRunning: true });
+  if (server.sharedWith) {
+    console.error(`using the embedded PostgreSQL of pid ${server.sharedWith.pid} (${server.sharedWith.command}), which holds ${config.embeddedPgDir}`);
+  }
   // DATABASE_MIGRATION_URL, when set, is PostgreSQL itself (DATABASE_URL may be a pooler).
   const dataSource = new DataSource(typeormOptions(config.databaseMigrationUrl ?? server.url, { lockTimeoutMs: 60_000 }));
   try {

@@ -4,13 +4,14 @@ import { Order } from '../orders/order.entity.js';
 import { OrderEvent } from '../orders/order-event.entity.js';
 import { OrderItem } from '../orders/order-item.entity.js';
 import { Payment } from '../payments/payment.entity.js';
+import { ProviderAttempt } from '../payments/provider-attempt.entity.js';
 import { Refund } from '../payments/refund.entity.js';
 import { SubmitToken } from '../submit-tokens/submit-token.entity.js';
 import { LateChargeRefund } from '../webhooks/late-charge-refund.entity.js';
 import { ProcessedWebhookEvent } from '../webhooks/processed-webhook-event.entity.js';
 import { migrations } from '../../migrations/index.js';
 
-export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund, ProcessedWebhookEvent, LateChargeRefund];
+export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund, ProviderAttempt, ProcessedWebhookEvent, LateChargeRefund];
 
 export interface DatabaseTuning {
   /**

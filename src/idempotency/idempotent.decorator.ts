@@ -35,7 +35,8 @@ export function Idempotent(options: IdempotentOptions = { required: true }) {
       required: options.required,
       description:
         `A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). ` +
-        `Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. ` +
+        `Retrying with the same key and body replays the first response. Editing the body (any field) and sending it under the same key ` +
+        `is a 422 and nothing runs: a changed request needs a new key. ` +
         `A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. ` +
         `Validation errors (400) and server errors are not stored: fix and retry with the same key. ${ttlNote}`,
       schema: { type: 'string', maxLength: 255, example: '8e03978e-40d5-43e8-bc93-6894a57f9324' },

@@ -44,7 +44,8 @@ import { allowedFrom, nextStatuses } from './order-state-machine.js';
 import { ORDER_STATUSES, type OrderStatus } from './order-status.js';
 import { type ClientTransition, OrdersService } from './orders.service.js';
 
-const ETAG_HEADER = { ETag: { description: 'The order version, for If-Match: "<version>"', schema: { type: 'string' } } };
+// Swagger UI renders descriptions as Markdown (HTML included): no angle brackets, or they vanish as a tag.
+const ETAG_HEADER = { ETag: { description: 'The order version in quotes, e.g. "3": send it back as If-Match to change the order.', schema: { type: 'string', example: '"1"' } } };
 const RETRY_AFTER_HEADER = { 'Retry-After': { description: 'Seconds to wait before retrying', schema: { type: 'string' } } };
 
 const ORDER_STATUS_MEMBER: SchemaObject = { type: 'string', enum: [...ORDER_STATUSES], description: 'The status the order is in now.' };
@@ -144,8 +145,9 @@ export class OrdersController {
   @HttpCode(HttpStatus.CREATED)
   // Either header makes the create safe to repeat; the guard requires exactly one.
   @UseGuards(IdempotencyKeyOrSubmitTokenGuard)
-  @Idempotent({ required: false })
+  // In this order, Swagger UI lists Idempotency-Key first: the header most callers send.
   @ApiSubmitToken()
+  @Idempotent({ required: false })
   @ApiOperation({
     summary: 'Create an order',
     description:
@@ -297,7 +299,7 @@ export class OrdersController {
         detail: `Order ${EXAMPLE_ORDER_ID} is at version 4, not the one in If-Match. Read it again (GET /orders/${EXAMPLE_ORDER_ID}) and retry with its ETag.`,
         currentVersion: 4,
       },
-      members: { currentVersion: { type: 'integer', minimum: 1, description: 'The version the order is at now (its ETag is "<currentVersion>").' } },
+      members: { currentVersion: { type: 'integer', minimum: 1, description: 'The version the order is at now (its ETag is that number in quotes: 3 → "3").' } },
     },
     {
       status: 428,

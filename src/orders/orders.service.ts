@@ -291,8 +291,8 @@ export class OrdersService {
   async transitionOrder(clientId: string, id: string, target: OrderStatus): Promise<TransitionResult> {
     if (!isUUID(id)) throw orderNotFound(id);
     const from = allowedFrom(target);
-    // Before the order's lock, and committed on its own: settling takes that lock too.
-    if (target === 'cancelled' && this.settleStalePayments) await this.db.outsideTransaction(() => this.settleStalePayments!(clientId, id));
+    // Before the order's lock: settling takes that lock too.
+    if (target === 'cancelled' && this.settleStalePayments) await this.settleStalePayments(clientId, id);
     return this.db.transaction(async () => {
       if (target === 'cancelled') await this.refuseWhilePaymentPending(clientId, id);
       for (let attempt = 0; ; attempt++) {

@@ -176,6 +176,7 @@ export function ApiPhasedIdempotencyKey() {
       description:
         'A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer ' +
         '(Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. ' +
+        'Another body (or another order or payment in the path) under the same key is a 422 and nothing is charged: a changed request needs a new key. ' +
         'While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS.',
       schema: { type: 'string', maxLength: 255, example: '0c6d0f5a-1f7b-4b8e-9a43-7d2b1f7f6a11' },
     }),

@@ -127,14 +127,18 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     return settled?.kind === 'answered' ? settled : undefined;
   }
 
-  /** The cancel's "settle it first": each pending payment of the order whose key's lease has run out. */
+  /**
+   * The cancel's "settle it first": each pending payment of the order whose key's lease has run out. Looked for
+   * on the caller's connection (inside its transaction, if it has one); only when there is one is it settled, on
+   * connections of its own that commit before the caller goes on (outsideTransaction).
+   */
   private async reconcileStalePaymentsOf(clientId: string, orderId: string): Promise<void> {
     const stale = await this.db.query<{ id: string }>(
       `SELECT p.id FROM payments p JOIN idempotency_keys k ON k.id = p.idempotency_key_id
         WHERE p.order_id = $1 AND p.client_id = $2 AND p.status = 'pending' AND k.locked_until <= clock_timestamp()`,
       [orderId, clientId],
     );
-    for (const { id } of stale) await this.reconcileStalePayment(id);
+    for (const { id } of stale) await this.db.outsideTransaction(() => this.reconcileStalePayment(id));
   }
 
   /**
@@ -167,7 +171,8 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
           this.logger.log({ keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, windowLeftMs: Math.round(windowLeftMs) }, 'not at the provider yet, but an attempt may still land: decided later');
           return undefined;
         }
-        // Both lookups start after the window closed: whatever was on its way has arrived by the second.
+        // The window has closed, and the second lookup starts after it and a second after the first: whatever was on
+        // its way has arrived by then.
         await sleep(NOT_FOUND_RECHECK_MS);
         outcome = (await lookUp()) ?? NEVER_REACHED;
       }
@@ -191,23 +196,19 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
   /**
    * Money can land after every bound (a provider slower than PSP_MAX_LATENCY_MS promised, an answer lost and
    * the webhook off). So rows failed as provider_unreachable are asked about again at doubling intervals for
-   * PSP_KEY_RETENTION_HOURS: a charge found is refunded, a refund found is applied to the books. Each row is
-   * claimed by moving its recheck_at (SKIP LOCKED: N instances share the rows, none asks twice).
+   * PSP_KEY_RETENTION_HOURS (ProviderAttempts.dueForRecheck): a charge found is refunded, a refund found is
+   * applied to the books. Runs with the reconciler (RECONCILE_INTERVAL_MS=0 turns both off).
    */
   async sweepUnreached(table: AttemptTable): Promise<number> {
-    const columns = table === 'payments' ? `t.id, t.id AS payment_id, t.amount_minor, t.currency` : `t.id, t.payment_id, t.amount_minor, p.currency`;
-    const rows = await this.db.query<RecheckRow>(
-      `WITH due AS (
-         SELECT id FROM ${table} WHERE recheck_at <= now() ORDER BY recheck_at LIMIT $1 FOR UPDATE SKIP LOCKED
-       ), claimed AS (
-         UPDATE ${table} t
-            SET recheck_at = CASE WHEN now() - t.updated_at > make_interval(hours => $2) THEN NULL ELSE now() + greatest(now() - t.updated_at, interval '1 second') END
-           FROM due WHERE t.id = due.id
-         RETURNING t.id
-       )
-       SELECT ${columns} FROM ${table} t JOIN claimed c ON c.id = t.id ${table === 'refunds' ? 'JOIN payments p ON p.id = t.payment_id' : ''}`,
-      [RECONCILE_BATCH, this.config.pspKeyRetentionHours],
-    );
+    const ids = await this.attempts.dueForRecheck(table, RECONCILE_BATCH);
+    if (ids.length === 0) return 0;
+    const rows =
+      table === 'payments'
+        ? await this.db.query<RecheckRow>(`SELECT id, id AS payment_id, amount_minor, currency FROM payments WHERE id = ANY($1::uuid[]) AND status = 'failed'`, [ids])
+        : await this.db.query<RecheckRow>(
+            `SELECT r.id, r.payment_id, r.amount_minor, p.currency FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = ANY($1::uuid[]) AND r.status = 'failed'`,
+            [ids],
+          );
     let repaired = 0;
     for (const row of rows) {
       try {
@@ -215,9 +216,11 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
         if (outcome?.status !== 'succeeded') continue;
         if (table === 'payments') {
           const lateRefundId = await this.db.transaction(() => this.settlement.recordLateCharge({ id: row.id, amount_minor: row.amount_minor }, outcome.providerId, 'sweep'));
-          if (lateRefundId) this.lateCharges.refundInBackground(lateRefundId);
-          if (lateRefundId) repaired++;
-        } else if (await this.db.transaction(() => this.settlement.applyLateRefund(row.id, outcome.providerId, 'sweep'))) {
+          if (lateRefundId) {
+            this.lateCharges.refundInBackground(lateRefundId);
+            repaired++;
+          }
+        } else if ((await this.db.transaction(() => this.settlement.applyLateRefund(row.id, outcome.providerId, 'sweep'))) === 'applied') {
           repaired++;
         }
       } catch (err) {

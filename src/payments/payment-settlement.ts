@@ -7,16 +7,13 @@ import { OrdersService } from '../orders/orders.service.js';
 import { type FoundBy, LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';
 import { PAYMENT_COLUMNS, paymentAnswer, type PaymentRow, prefixed, REFUND_COLUMNS, refundAnswer, type RefundRow } from './payment-records.js';
+import { ProviderAttempts } from './provider-attempts.js';
 
-/**
- * A payment or refund failed as provider_unreachable is asked about again this long after (then at
- * doubling intervals, see PaymentReconciler): money can land after every bound, and only a lookup
- * finds it when webhooks are off or lost. Sooner than a minute would mostly repeat the decision's own lookups.
- */
-export const FIRST_RECHECK_SECONDS = 60;
+/** The failure code of a payment or refund we failed without the provider's word: the sweep keeps asking about those. */
+export const NEVER_REACHED_CODE = 'provider_unreachable';
 
-/** `recheck_at` for a row being settled with failure code $4: the sweep watches only rows we failed without the provider's word. */
-const RECHECK_IF_UNREACHED = `CASE WHEN $4 = 'provider_unreachable' THEN now() + make_interval(secs => ${FIRST_RECHECK_SECONDS}) END`;
+/** What applyLateRefund did: applied it, found it applied already, or could not (our reservations leave no room). */
+export type LateRefundResult = 'applied' | 'already-applied' | 'no-room';
 
 /** What the provider said about a charge or a refund (or, for provider_unreachable, that it never saw one). */
 export type ProviderOutcome =
@@ -46,6 +43,7 @@ export class PaymentSettlement {
     private readonly orders: OrdersService,
     private readonly lateCharges: LateChargeRefunder,
     private readonly metrics: PaymentMetrics,
+    private readonly attempts: ProviderAttempts,
   ) {}
 
   /**
@@ -53,67 +51,70 @@ export class PaymentSettlement {
    * A confirmed charge for a payment already failed (or settled with another charge) is refunded once this commits.
    */
   async settlePayment(paymentId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
-    const settled = await retryOnceOnDeadlock(() => this.db.transaction(() => this.applyPaymentOutcome(paymentId, outcome, leaseToken)));
+    const settled = await retryOnceOnDeadlock(() => this.db.transaction(() => this.applyPaymentOutcome(paymentId, outcome, leaseToken, 'settler')));
     if (settled.kind === 'answered' && settled.lateRefundId) this.lateCharges.refundInBackground(settled.lateRefundId);
     return settled;
   }
 
   settleRefund(refundId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
-    return retryOnceOnDeadlock(() => this.db.transaction(() => this.applyRefundOutcome(refundId, outcome, leaseToken)));
+    return retryOnceOnDeadlock(() => this.db.transaction(() => this.applyRefundOutcome(refundId, outcome, leaseToken, 'settler')));
   }
 
   /**
    * settlePayment's work, for a caller that already holds a transaction it writes more into (the
    * webhook consumer records the event in it). Such a caller retries a deadlock itself: a failed
-   * statement aborts its whole transaction.
+   * statement aborts its whole transaction. A holder whose lease was taken over settles nothing on a decision of
+   * its own, but a provider's confirmation (an outcome with the provider's id) is a fact, whoever holds the key:
+   * it is applied as a webhook's would be, never dropped.
    */
-  async applyPaymentOutcome(paymentId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
+  async applyPaymentOutcome(paymentId: string, outcome: ProviderOutcome, leaseToken: string | undefined, foundBy: FoundBy): Promise<Settled> {
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
     if (!payment) throw new Error(`payment ${paymentId} vanished while being settled`);
-    const key = payment.idempotency_key_id ? await this.phases.lockForSettling(payment.idempotency_key_id, leaseToken) : undefined;
-    if (leaseToken !== undefined && !key?.owned) return key?.response ? { kind: 'answered', response: key.response, changed: false } : { kind: 'lost' };
+    const lock = await this.lockKey(payment.idempotency_key_id, leaseToken, outcome);
+    if (lock.kind !== 'locked') return lock.kind === 'lost' ? lock : { kind: 'answered', response: lock.response, changed: false };
+    const key = lock.key;
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [payment.order_id]);
     const [settled] = await this.db.query<PaymentRow>(
       `UPDATE payments
-          SET status = $2, provider_transaction_id = coalesce($3, provider_transaction_id), failure_code = $4, updated_at = now(),
-              recheck_at = ${RECHECK_IF_UNREACHED}
+          SET status = $2, provider_transaction_id = coalesce($3, provider_transaction_id), failure_code = $4, updated_at = now()
         WHERE id = $1 AND status = 'pending'
        RETURNING ${PAYMENT_COLUMNS}`,
       [paymentId, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null],
     );
     if (settled?.status === 'succeeded') await this.orders.transitionOrder(settled.client_id, settled.order_id, 'paid');
+    if (settled?.failure_code === NEVER_REACHED_CODE) this.attempts.failedUnreached('payments', settled.id);
     const current = settled ?? (await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]))[0];
     // The provider confirms a charge, but the payment was settled otherwise first (failed as never reached, or paid
     // with another charge): that money is not ours to keep, and dropping the confirmation would keep it.
-    const lateRefundId = !settled && outcome.status === 'succeeded' && isLateCharge(current, outcome.providerId) ? await this.recordLateCharge(current, outcome.providerId, 'settler') : undefined;
+    const lateRefundId = !settled && outcome.status === 'succeeded' && isLateCharge(current, outcome.providerId) ? await this.recordLateCharge(current, outcome.providerId, foundBy) : undefined;
     const answered = await this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
     return answered.kind === 'answered' && lateRefundId ? { ...answered, lateRefundId } : answered;
   }
 
   /**
    * In the caller's transaction: the refund of a charge that landed on `payment` after it was settled without it.
-   * The payment's row lock first (the lock order), so the sweep stops asking about it in the same commit.
+   * The sweep stops asking about the payment in the same commit.
    */
-  async recordLateCharge(payment: Pick<PaymentRow, 'id' | 'amount_minor'>, chargeId: string, foundBy: FoundBy): Promise<string | undefined> {
-    await this.db.query(`UPDATE payments SET recheck_at = NULL WHERE id = $1 AND recheck_at IS NOT NULL`, [payment.id]);
+  recordLateCharge(payment: Pick<PaymentRow, 'id' | 'amount_minor'>, chargeId: string, foundBy: FoundBy): Promise<string | undefined> {
+    this.attempts.found(payment.id);
     return this.lateCharges.requestRefund(payment.id, chargeId, Number(payment.amount_minor), foundBy);
   }
 
   /** settleRefund's work inside the caller's transaction (see applyPaymentOutcome). */
-  async applyRefundOutcome(refundId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
+  async applyRefundOutcome(refundId: string, outcome: ProviderOutcome, leaseToken: string | undefined, foundBy: FoundBy): Promise<Settled> {
     const [refund] = await this.db.query<RefundRow & { order_id: string }>(
       `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.order_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
     if (!refund) throw new Error(`refund ${refundId} vanished while being settled`);
-    const key = refund.idempotency_key_id ? await this.phases.lockForSettling(refund.idempotency_key_id, leaseToken) : undefined;
-    if (leaseToken !== undefined && !key?.owned) return key?.response ? { kind: 'answered', response: key.response, changed: false } : { kind: 'lost' };
+    const lock = await this.lockKey(refund.idempotency_key_id, leaseToken, outcome);
+    if (lock.kind !== 'locked') return lock.kind === 'lost' ? lock : { kind: 'answered', response: lock.response, changed: false };
+    const key = lock.key;
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [refund.payment_id]);
     const [settled] = await this.db.query<RefundRow>(
       `UPDATE refunds
-          SET status = $2, provider_refund_id = coalesce($3, provider_refund_id), failure_code = $4, updated_at = now(),
-              recheck_at = ${RECHECK_IF_UNREACHED}
+          SET status = $2, provider_refund_id = coalesce($3, provider_refund_id), failure_code = $4, updated_at = now()
         WHERE id = $1 AND status = 'pending'
        RETURNING ${REFUND_COLUMNS}`,
       [refundId, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null],
@@ -123,9 +124,10 @@ export class PaymentSettlement {
       await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor - $2, updated_at = now() WHERE id = $1`, [payment.id, settled.amount_minor]);
     }
     if (settled?.status === 'succeeded') await this.refundedInFull(payment);
+    if (settled?.failure_code === NEVER_REACHED_CODE) this.attempts.failedUnreached('refunds', settled.id);
     const current = settled ?? (await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1`, [refundId]))[0];
     // The provider confirms a refund we had already failed (never reached): the money went back, so the books must say so.
-    if (!settled && outcome.status === 'succeeded' && current.status === 'failed') await this.applyLateRefund(current.id, outcome.providerId, 'settler');
+    if (!settled && outcome.status === 'succeeded' && current.status === 'failed') await this.applyLateRefund(current.id, outcome.providerId, foundBy);
     return this.answer(key, refund.idempotency_key_id, refundAnswer(current), settled !== undefined);
   }
 
@@ -133,34 +135,49 @@ export class PaymentSettlement {
    * In the caller's transaction: a refund we failed that the provider made after all. It becomes succeeded, its
    * amount counts in the payment's `refunded_minor` again (failing it gave the reservation back), and the order
    * becomes refunded when that completes the amount. The refund's key keeps the 402 it answered: a completed key
-   * never changes; GET /refunds/:id tells the truth. True when this call applied it.
+   * never changes; GET /refunds/:id tells the truth.
    */
-  async applyLateRefund(refundId: string, providerRefundId: string, foundBy: FoundBy): Promise<boolean> {
+  async applyLateRefund(refundId: string, providerRefundId: string, foundBy: FoundBy): Promise<LateRefundResult> {
     const [facts] = await this.db.query<{ order_id: string; payment_id: string }>(
       `SELECT p.order_id, r.payment_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
-    if (!facts) return false;
+    if (!facts) return 'no-room';
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [facts.order_id]);
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [facts.payment_id]);
     const [refund] = await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 FOR UPDATE`, [refundId]);
-    if (refund.status !== 'failed') return false;
+    if (refund.status !== 'failed') return 'already-applied';
     const amount = Number(refund.amount_minor);
     if (Number(payment.refunded_minor) + amount > Number(payment.amount_minor)) {
       // Our books already hold more than the payment for refunds (another one pending): the provider will refuse that
       // one, but this cannot be squared automatically without guessing. Say so loudly; the sweep asks again later.
       this.logger.error({ refundId, paymentId: payment.id, providerRefundId, alert: true }, 'a refund landed late but our reservations leave no room for it: reconcile by hand');
-      return false;
+      return 'no-room';
     }
-    await this.db.query(
-      `UPDATE refunds SET status = 'succeeded', provider_refund_id = $2, failure_code = NULL, recheck_at = NULL, updated_at = now() WHERE id = $1`,
-      [refundId, providerRefundId],
-    );
+    await this.db.query(`UPDATE refunds SET status = 'succeeded', provider_refund_id = $2, failure_code = NULL, updated_at = now() WHERE id = $1`, [refundId, providerRefundId]);
+    this.attempts.found(refundId);
     await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1`, [payment.id, amount]);
     await this.refundedInFull(payment);
     this.metrics.lateLandings.inc({ kind: 'refund', found_by: foundBy });
     this.logger.warn({ refundId, paymentId: payment.id, providerRefundId, amountMinor: amount, foundBy }, 'a refund we had failed landed at the provider: applied to the books');
-    return true;
+    return 'applied';
+  }
+
+  /**
+   * The key row locked for settling (the first lock of the lock order). A holder that no longer owns it goes on
+   * only with a provider's confirmation, as a webhook would ('lost' otherwise); no key (a row without one): undefined.
+   */
+  private async lockKey(
+    keyId: string | null,
+    leaseToken: string | undefined,
+    outcome: ProviderOutcome,
+  ): Promise<{ kind: 'lost' } | { kind: 'replay'; response: StoredResponse } | { kind: 'locked'; key: KeyLock | undefined }> {
+    if (!keyId) return { kind: 'locked', key: undefined };
+    const key = await this.phases.lockForSettling(keyId, leaseToken);
+    if (leaseToken === undefined || key.owned) return { kind: 'locked', key };
+    // A decision of this holder's own (never reached) counts only under its lease: whoever completed the key answers.
+    if (!outcome.providerId) return key.response ? { kind: 'replay', response: key.response } : { kind: 'lost' };
+    return { kind: 'locked', key: await this.phases.lockForSettling(keyId) };
   }
 
   /** Under the payment's row lock, so two refunds settling at once cannot both miss the total. */
@@ -173,7 +190,7 @@ export class PaymentSettlement {
   }
 
   /** Completes the key with `answer` when it is still open; when someone completed it first, their stored answer wins. */
-  private async answer(key: Awaited<ReturnType<AtomicPhases['lockForSettling']>> | undefined, keyId: string | null, answer: StoredResponse, changed: boolean): Promise<Settled> {
+  private async answer(key: KeyLock | undefined, keyId: string | null, answer: StoredResponse, changed: boolean): Promise<Settled> {
     if (key?.owned && keyId) {
       await this.phases.complete(keyId, answer);
       return { kind: 'answered', response: answer, changed };
@@ -182,6 +199,8 @@ export class PaymentSettlement {
   }
 }
 
+
+type KeyLock = Awaited<ReturnType<AtomicPhases['lockForSettling']>>;
 
 /** A confirmed charge that is not the one the payment is settled with. */
 function isLateCharge(payment: PaymentRow, chargeId: string): boolean {

@@ -14,8 +14,6 @@ export type PaymentStatus = 'pending' | 'succeeded' | 'failed';
 @Index('ix_payments_idempotency_key', ['idempotencyKeyId'])
 // Created by the webhooks migration (1764414700000) for the oldest-pending gauge.
 @Index('ix_payments_pending_created', ['createdAt'], { where: `"status" = 'pending'` })
-// Created by the late-landings migration (1764415000000): the sweep's rows to ask the provider about again.
-@Index('ix_payments_recheck', ['recheckAt'], { where: `"recheck_at" IS NOT NULL` })
 @Check('ck_payments_status', `"status" IN ('pending', 'succeeded', 'failed')`)
 @Check('ck_payments_amount_minor', `"amount_minor" > 0`)
 @Check('ck_payments_currency', `"currency" ~ '^[A-Z]{3}$'`)
@@ -60,14 +58,6 @@ export class Payment {
 
   @Column({ name: 'failure_code', type: 'text', nullable: true })
   failureCode: string | null;
-
-  /** No attempt was sent after this (NULL: written by an older version; read as created_at + 1 hour). */
-  @Column({ name: 'last_attempt_by', type: 'timestamptz', nullable: true })
-  lastAttemptBy: Date | null;
-
-  /** When the sweep next asks the provider about this row failed as provider_unreachable; NULL: never again. */
-  @Column({ name: 'recheck_at', type: 'timestamptz', nullable: true })
-  recheckAt: Date | null;
 
   @Column({ name: 'created_at', type: 'timestamptz', default: () => 'now()' })
   createdAt: Date;

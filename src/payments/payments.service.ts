@@ -93,15 +93,18 @@ export class PaymentsService {
     if (Number(order.total_minor) === 0) return { refusal: nothingToPay(orderId) };
     // The partial unique index decides, under the order's lock: a payment already active (pending, or succeeded
     // on an order that somehow is still 'created') makes the insert do nothing, and is then named in the 409.
-    // last_attempt_by: this holder calls the provider only before its lease ends (ProviderAttempts).
     const [payment] = await this.db.query<PaymentRow>(
-      `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key, last_attempt_by)
-       SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id, (SELECT locked_until FROM idempotency_keys WHERE id = $3) FROM (SELECT gen_random_uuid() AS id) g
+      `INSERT INTO payments (id, client_id, order_id, idempotency_key_id, amount_minor, currency, source, outbound_key)
+       SELECT g.id, $1, $2, $3, $4, $5, $6, $7 || g.id FROM (SELECT gen_random_uuid() AS id) g
        ON CONFLICT (order_id) WHERE status IN ('pending', 'succeeded') DO NOTHING
        RETURNING ${PAYMENT_COLUMNS}`,
       [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
     );
-    if (payment) return { payment };
+    if (payment) {
+      // This holder calls the provider only before its lease ends: the bound every later decision waits out.
+      this.attempts.firstAttempt('payments', payment.id, keyId);
+      return { payment };
+    }
     const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
     throw paymentInProgress(active?.id ?? 'unknown');
   }

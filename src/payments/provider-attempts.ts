@@ -7,11 +7,21 @@ import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
 /** The two tables whose rows are sent to the provider: a payment is a charge, a refund a refund. */
 export type AttemptTable = 'payments' | 'refunds';
 
+const SUBJECT = { payments: 'payment', refunds: 'refund' } as const;
+
 /**
- * The bound a row's `last_attempt_by` stands for when it is NULL (written by a version that did not know the
- * column): that version sent within the lease that wrote the row, and no lease is longer than an hour.
+ * The bound on a row's last attempt: its provider_attempts row, or — for a row written by a version before that
+ * table — created_at + 1 hour, since that version sent only within the lease that wrote the row, and no lease is
+ * longer than an hour. `s` is the payment or refund, `a` its provider_attempts row (LEFT JOIN).
  */
-const lastAttemptBy = (table: string) => `coalesce(${table}.last_attempt_by, ${table}.created_at + interval '1 hour')`;
+const LAST_ATTEMPT_BY = `coalesce(a.last_attempt_by, s.created_at + interval '1 hour')`;
+
+/**
+ * A payment or refund sent to the provider was first failed as never reached this long ago: asked about again
+ * this long after (then at doubling intervals, see PaymentReconciler.sweepUnreached). Sooner than a minute would
+ * mostly repeat the decision's own lookups.
+ */
+export const FIRST_RECHECK_SECONDS = 60;
 
 /**
  * When the provider may still act on what we sent it. A request can reach the provider long after we gave
@@ -29,21 +39,6 @@ export class ProviderAttempts {
     @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
 
-  /**
-   * A resumed holder is about to send again: no attempt of it can be sent after its lease ends. Fenced by its
-   * lease token; false when it has lost the key (then it must not send).
-   */
-  async resending(table: AttemptTable, id: string, key: LeasedKey): Promise<boolean> {
-    const rows = await this.db.query(
-      `UPDATE ${table} t SET last_attempt_by = greatest(${lastAttemptBy('t')}, k.locked_until)
-         FROM idempotency_keys k
-        WHERE t.id = $1 AND k.id = $2 AND k.lease_token = $3
-       RETURNING t.id`,
-      [id, key.id, key.leaseToken],
-    );
-    return rows.length === 1;
-  }
-
   /** The row a resumed key is for. */
   async ofKey(table: AttemptTable, keyId: string): Promise<string | undefined> {
     const [row] = await this.db.query<{ id: string }>(`SELECT id FROM ${table} WHERE idempotency_key_id = $1`, [keyId]);
@@ -51,24 +46,57 @@ export class ProviderAttempts {
   }
 
   /**
-   * The holder's attempts are over and their outcome unknown: the bound comes down to now (every attempt
-   * was sent before this), then the lease is given back. Fenced by the lease token, and in that order: once
-   * released, a new holder may raise the bound for its own attempts, and this must not lower it.
+   * Phase 1 of a new payment or refund, in its transaction: the holder that inserted `id` under key `keyId` calls
+   * out only before its lease ends. Sent with the next statement or the COMMIT (nothing reads it).
    */
-  async gaveUp(table: AttemptTable, id: string, key: LeasedKey): Promise<void> {
-    await this.db.query(
-      `UPDATE ${table} SET last_attempt_by = least(${lastAttemptBy(table)}, clock_timestamp())
-        WHERE id = $1 AND EXISTS (SELECT 1 FROM idempotency_keys WHERE id = $2 AND lease_token = $3)`,
-      [id, key.id, key.leaseToken],
+  firstAttempt(table: AttemptTable, id: string, keyId: string): void {
+    this.db.defer(
+      `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by) SELECT $1, $3, locked_until FROM idempotency_keys WHERE id = $2`,
+      [id, keyId, SUBJECT[table]],
     );
-    await this.phases.release(key);
+  }
+
+  /**
+   * A resumed holder is about to send again: no attempt of it can be sent after its lease ends. Under the key's
+   * row lock, taken first (the lock order) and only while this holder still holds it: false when it has lost the
+   * key (then it must not send).
+   */
+  resending(table: AttemptTable, id: string, key: LeasedKey): Promise<boolean> {
+    return this.db.transaction(async () => {
+      if (!(await this.holds(key))) return false;
+      await this.db.query(
+        `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by)
+         SELECT s.id, $3, greatest(${LAST_ATTEMPT_BY}, k.locked_until)
+           FROM ${table} s LEFT JOIN provider_attempts a ON a.subject_id = s.id, idempotency_keys k
+          WHERE s.id = $1 AND k.id = $2
+         ON CONFLICT (subject_id) DO UPDATE SET last_attempt_by = greatest(provider_attempts.last_attempt_by, excluded.last_attempt_by)`,
+        [id, key.id, SUBJECT[table]],
+      );
+      return true;
+    });
+  }
+
+  /**
+   * The holder's attempts are over and their outcome unknown: the bound comes down to now (every attempt was
+   * sent before this), then the lease is given back — in one transaction under the key's row lock, so no new
+   * holder can raise the bound for its own attempts in between and see it lowered after.
+   */
+  gaveUp(table: AttemptTable, id: string, key: LeasedKey): Promise<void> {
+    return this.db.transaction(async () => {
+      if (!(await this.holds(key))) return;
+      await this.db.query(
+        `UPDATE provider_attempts SET last_attempt_by = least(last_attempt_by, clock_timestamp()) WHERE subject_id = $1`,
+        [id],
+      );
+      await this.phases.release(key);
+    });
   }
 
   /** How long (ms, on the database's clock) an attempt of this row may still reach the provider; 0 when none can. */
   async landingWindowLeft(table: AttemptTable, id: string): Promise<number> {
     const [row] = await this.db.query<{ ms_left: number }>(
-      `SELECT greatest(0, extract(epoch FROM ${lastAttemptBy(table)} + make_interval(secs => $2) - clock_timestamp()) * 1000)::float8 AS ms_left
-         FROM ${table} WHERE id = $1`,
+      `SELECT greatest(0, extract(epoch FROM ${LAST_ATTEMPT_BY} + make_interval(secs => $2) - clock_timestamp()) * 1000)::float8 AS ms_left
+         FROM ${table} s LEFT JOIN provider_attempts a ON a.subject_id = s.id WHERE s.id = $1`,
       [id, this.config.pspMaxLatencyMs / 1000],
     );
     return row?.ms_left ?? 0;
@@ -78,11 +106,57 @@ export class ProviderAttempts {
    * Whether a resumed holder may send the row again under its outbound key. Only while the row is younger than
    * PSP_MAX_LATENCY_MS: after that nothing new is sent, so the landing window can close and lookups decide (a
    * client retrying faster than the window against a provider that never answers would otherwise keep it open
-   * for ever). And only while the provider remembers the key — counted from the first attempt, when the row was
-   * created, with a lease to spare — since past that the same key could make a second charge.
+   * for ever). And only while even a re-send that lands as late as it may still finds the provider remembering
+   * the key (PSP_KEY_RETENTION_HOURS from the first attempt, when the row was created): past that, the same key
+   * could make a second charge.
    */
   mayResend(createdAt: Date): boolean {
-    const forgetsAt = createdAt.getTime() + this.config.pspKeyRetentionHours * 3_600_000 - this.config.idempotencyLeaseSeconds * 1000;
-    return Date.now() < Math.min(forgetsAt, createdAt.getTime() + this.config.pspMaxLatencyMs);
+    const { pspKeyRetentionHours, pspMaxLatencyMs, idempotencyLeaseSeconds } = this.config;
+    const created = createdAt.getTime();
+    const lastSafeSend = Math.min(created + pspMaxLatencyMs, created + pspKeyRetentionHours * 3_600_000 - pspMaxLatencyMs - idempotencyLeaseSeconds * 1000);
+    return Date.now() < lastSafeSend;
+  }
+
+  /**
+   * In the settling transaction of a row failed as never reached: the sweep asks the provider about it again
+   * from FIRST_RECHECK_SECONDS on. Sent with the COMMIT.
+   */
+  failedUnreached(table: AttemptTable, id: string): void {
+    this.db.defer(
+      `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at)
+       VALUES ($1, $2, now(), now(), now() + make_interval(secs => $3))
+       ON CONFLICT (subject_id) DO UPDATE SET unreached_at = now(), recheck_at = excluded.recheck_at`,
+      [id, SUBJECT[table], FIRST_RECHECK_SECONDS],
+    );
+  }
+
+  /** In a repairing transaction: the money was found, so the sweep stops asking. */
+  found(id: string): void {
+    this.db.defer(`UPDATE provider_attempts SET recheck_at = NULL WHERE subject_id = $1 AND recheck_at IS NOT NULL`, [id]);
+  }
+
+  /**
+   * The sweep's next rows of `table` to ask about, each claimed by moving its recheck_at on (SKIP LOCKED: N
+   * instances share them, none asks twice): at doubling intervals since it was failed, for PSP_KEY_RETENTION_HOURS.
+   */
+  async dueForRecheck(table: AttemptTable, limit: number): Promise<string[]> {
+    const rows = await this.db.query<{ subject_id: string }>(
+      `WITH due AS (
+         SELECT subject_id FROM provider_attempts WHERE subject = $1 AND recheck_at <= now() ORDER BY recheck_at LIMIT $2 FOR UPDATE SKIP LOCKED
+       )
+       UPDATE provider_attempts a
+          SET recheck_at = CASE WHEN now() - a.unreached_at > make_interval(hours => $3) THEN NULL
+                                ELSE now() + greatest(now() - a.unreached_at, interval '1 second') END
+         FROM due WHERE a.subject_id = due.subject_id
+       RETURNING a.subject_id`,
+      [SUBJECT[table], limit, this.config.pspKeyRetentionHours],
+    );
+    return rows.map((r) => r.subject_id);
+  }
+
+  /** Locks the key row (the first lock of the lock order) if this holder still holds it. */
+  private async holds(key: LeasedKey): Promise<boolean> {
+    const rows = await this.db.query(`SELECT 1 FROM idempotency_keys WHERE id = $1 AND lease_token = $2 AND state = 'in_progress' FOR UPDATE`, [key.id, key.leaseToken]);
+    return rows.length === 1;
   }
 }

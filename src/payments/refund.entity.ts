@@ -11,8 +11,6 @@ import type { Payment, PaymentStatus } from './payment.entity.js';
 @Index('ix_refunds_idempotency_key', ['idempotencyKeyId'])
 // Created by the webhooks migration (1764414700000) for the oldest-pending gauge.
 @Index('ix_refunds_pending_created', ['createdAt'], { where: `"status" = 'pending'` })
-// Created by the late-landings migration (1764415000000): the sweep's rows to ask the provider about again.
-@Index('ix_refunds_recheck', ['recheckAt'], { where: `"recheck_at" IS NOT NULL` })
 @Check('ck_refunds_status', `"status" IN ('pending', 'succeeded', 'failed')`)
 @Check('ck_refunds_amount_minor', `"amount_minor" > 0`)
 @Check('ck_refunds_succeeded_has_provider_refund', `"status" <> 'succeeded' OR "provider_refund_id" IS NOT NULL`)
@@ -46,14 +44,6 @@ export class Refund {
 
   @Column({ name: 'failure_code', type: 'text', nullable: true })
   failureCode: string | null;
-
-  /** No attempt was sent after this (NULL: written by an older version; read as created_at + 1 hour). */
-  @Column({ name: 'last_attempt_by', type: 'timestamptz', nullable: true })
-  lastAttemptBy: Date | null;
-
-  /** When the sweep next asks the provider about this row failed as provider_unreachable; NULL: never again. */
-  @Column({ name: 'recheck_at', type: 'timestamptz', nullable: true })
-  recheckAt: Date | null;
 
   @Column({ name: 'created_at', type: 'timestamptz', default: () => 'now()' })
   createdAt: Date;

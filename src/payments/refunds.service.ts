@@ -78,11 +78,12 @@ export class RefundsService {
         : [];
     if (!reserved) return { refusal: refundExceedsPayment(paymentId, amount, refundable) };
     const [refund] = await this.db.query<RefundRow>(
-      `INSERT INTO refunds (id, client_id, payment_id, idempotency_key_id, amount_minor, outbound_key, last_attempt_by)
-       SELECT g.id, $1, $2, $3, $4, $5 || g.id, (SELECT locked_until FROM idempotency_keys WHERE id = $3) FROM (SELECT gen_random_uuid() AS id) g
+      `INSERT INTO refunds (id, client_id, payment_id, idempotency_key_id, amount_minor, outbound_key)
+       SELECT g.id, $1, $2, $3, $4, $5 || g.id FROM (SELECT gen_random_uuid() AS id) g
        RETURNING ${REFUND_COLUMNS}`,
       [clientId, paymentId, keyId, amount, outboundKeyOf('refund', '')],
     );
+    this.attempts.firstAttempt('refunds', refund.id, keyId);
     return { refund };
   }
 

@@ -20,8 +20,8 @@ import { applyHttpRules, httpServerOptions } from '../http-app.js';
 import { PspSandboxModule } from './psp-sandbox.module.js';
 
 const DEFAULT_PORT = 4000;
-// Not the service's embedded server (.data/postgres on 54329): both may run at once, and a second
-// start on one data folder would stop the first's PostgreSQL as an orphan.
+// Not the service's embedded server (.data/postgres on 54329): both may run at once, each on a folder of its own
+// (a second start on a folder in use is refused).
 const DEFAULT_EMBEDDED_DIR = '.data/psp-postgres';
 const DEFAULT_EMBEDDED_PORT = '54339';
 

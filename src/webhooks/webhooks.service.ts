@@ -184,7 +184,7 @@ export class WebhooksService {
         type === 'charge.succeeded' ? { status: 'succeeded', providerId: data.chargeId } : { status: 'failed', failureCode: data.failureCode ?? 'card_declined', providerId: data.chargeId };
       // No lease token: a webhook holds no lease. It settles a payment whose request is still running
       // too, completing that request's key with the answer the request would have given.
-      const settled = await this.settlement.applyPaymentOutcome(payment.id, outcome);
+      const settled = await this.settlement.applyPaymentOutcome(payment.id, outcome, undefined, 'webhook');
       if (settled.kind === 'answered' && settled.changed) return applied(type === 'charge.succeeded' ? 'payment-succeeded' : 'payment-failed', ids);
       // Settled meanwhile without this charge: the settlement recorded its refund, started once this commits.
       if (settled.kind === 'answered' && settled.lateRefundId) return { ...applied('late-charge: refund requested', ids), lateRefundId: settled.lateRefundId };
@@ -230,10 +230,13 @@ export class WebhooksService {
     if (type === 'refund.succeeded' && refund.status === 'failed') {
       // We failed it as never reached, and the provider made it after all: the books follow the money.
       const repaired = await this.settlement.applyLateRefund(refund.id, data.providerRefundId, 'webhook');
-      return repaired ? applied('late-refund: applied', ids) : { ...noEffect('late-refund: could not be applied', ids), alert: true };
+      if (repaired === 'applied') return applied('late-refund: applied', ids);
+      // Applied first by the sweep or a settler: nothing left to do, nothing to alert about.
+      if (repaired === 'already-applied') return noEffect('already-settled: late refund applied', ids);
+      return { ...noEffect('late-refund: our reservations leave no room for it', ids), alert: true };
     }
     if (refund.status !== 'pending') return noEffect(`already-settled: refund is ${refund.status}`, ids);
-    const settled = await this.settlement.applyRefundOutcome(refund.id, outcome);
+    const settled = await this.settlement.applyRefundOutcome(refund.id, outcome, undefined, 'webhook');
     if (settled.kind === 'answered' && settled.changed) return applied(type === 'refund.succeeded' ? 'refund-succeeded' : 'refund-failed', ids);
     return noEffect('already-settled: refund settled meanwhile', ids);
   }

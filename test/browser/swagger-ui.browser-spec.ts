@@ -12,6 +12,7 @@ import { type Browser, chromium, type Page } from 'playwright-core';
 import { ALICE, startTestApp, type TestApp } from '../support/test-app';
 
 const CREATE = '#operations-orders-createOrder';
+const GET_ORDER = '#operations-orders-getOrder';
 // Swagger UI's id is #operations-<tag>-<operationId>.
 const PAY = '#operations-payments-payOrder';
 // On a loaded machine a page load or an Execute can take tens of seconds. Each browser step may wait
@@ -149,6 +150,37 @@ describe('Swagger UI', () => {
       expect(charges.rows[0].n).toBe(1);
       const keys = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE key = $1`, [payKey]);
       expect(keys.rows[0].n).toBe(1);
+    });
+  }, TEST_MS);
+
+  it('shows the ETag as written, the Authorize dialog says where the dev key is, and the create lists Idempotency-Key first', async () => {
+    await withScreenshotOnFailure('docs-text', async () => {
+      await page.goto(`${t.url}/docs`);
+
+      // Response headers render their description as Markdown: "<version>" used to vanish as an HTML tag.
+      for (const operation of [CREATE, GET_ORDER]) {
+        await page.click(operation);
+        const etag = page.locator(`${operation} table.headers tr`, { hasText: 'ETag' }).first();
+        await etag.scrollIntoViewIfNeeded();
+        expect(await etag.innerText()).toContain('The order version in quotes, e.g. "3": send it back as If-Match to change the order.');
+      }
+      expect(await page.locator('body').innerText()).not.toContain('If-Match: ""');
+
+      // The create: Idempotency-Key above Submit-Token; its pattern pages are links that lead to the page.
+      const headers = await page.locator(`${CREATE} tr[data-param-in="header"]`).evaluateAll((rows) => rows.map((row) => row.getAttribute('data-param-name')));
+      expect(headers.slice(0, 2)).toEqual(['Idempotency-Key', 'Submit-Token']);
+      const link = page.locator(`${CREATE} .opblock-description-wrapper a`, { hasText: 'idempotency-key' });
+      expect(await link.getAttribute('href')).toBe('/patterns/idempotency-key.md');
+      const linked = await fetch(`${t.url}/patterns/idempotency-key.md`);
+      expect(linked.status).toBe(200);
+      expect(await linked.text()).toMatch(/^# /);
+      // A real example for note, not "string".
+      expect(await page.locator(`${GET_ORDER} .responses-wrapper`).innerText()).toContain('"note": "Leave at the door"');
+
+      await page.click('button.authorize');
+      const dialog = await page.locator('.auth-container').first().innerText();
+      expect(dialog).toContain('uses the dev key and prints it at start-up: dev-secret-change-me');
+      expect(dialog).not.toContain('JWT');
     });
   }, TEST_MS);
 });

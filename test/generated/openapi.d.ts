@@ -61,7 +61,7 @@ export interface paths {
          * Create an order
          * @description The server computes totalMinor. orderNumber is the natural key per client. Send exactly one of Idempotency-Key (retries replay the first response) or Submit-Token (from POST /submit-tokens; creates at most one order).
          *
-         *     How it is made safe to repeat: docs/patterns/idempotency-key.md, docs/patterns/concurrent-duplicates.md, docs/patterns/natural-key.md, docs/patterns/submit-tokens.md (in the repository).
+         *     How it is made safe to repeat: [idempotency-key](/patterns/idempotency-key.md), [concurrent-duplicates](/patterns/concurrent-duplicates.md), [natural-key](/patterns/natural-key.md), [submit-tokens](/patterns/submit-tokens.md).
          */
         post: operations["createOrder"];
         delete?: never;
@@ -91,7 +91,7 @@ export interface paths {
          * Change the shipping address and/or note
          * @description Optimistic locking: send If-Match with the ETag of your last read. If the order changed since (another edit or a status change), the answer is 412 with the current ETag and nothing is written. Allowed while the order is created or paid. note: null clears the note.
          *
-         *     How it is made safe to repeat: docs/patterns/optimistic-locking.md (in the repository).
+         *     How it is made safe to repeat: [optimistic-locking](/patterns/optimistic-locking.md).
          */
         patch: operations["updateOrderDetails"];
         trace?: never;
@@ -109,7 +109,7 @@ export interface paths {
          * Cancel an order
          * @description Allowed from created or paid. One conditional UPDATE moves the order and records an order event, so of concurrent requests exactly one moves it. Asking again once the order is cancelled returns it unchanged: 200, no new event, same ETag.
          *
-         *     How it is made safe to repeat: docs/patterns/state-machine.md, docs/patterns/idempotency-key.md (in the repository).
+         *     How it is made safe to repeat: [state-machine](/patterns/state-machine.md), [idempotency-key](/patterns/idempotency-key.md).
          */
         post: operations["cancelOrder"];
         delete?: never;
@@ -131,7 +131,7 @@ export interface paths {
          * Mark a paid order as shipped
          * @description Allowed from paid. One conditional UPDATE moves the order and records an order event, so of concurrent requests exactly one moves it. Asking again once the order is shipped returns it unchanged: 200, no new event, same ETag.
          *
-         *     How it is made safe to repeat: docs/patterns/state-machine.md, docs/patterns/idempotency-key.md (in the repository).
+         *     How it is made safe to repeat: [state-machine](/patterns/state-machine.md), [idempotency-key](/patterns/idempotency-key.md).
          */
         post: operations["shipOrder"];
         delete?: never;
@@ -153,7 +153,7 @@ export interface paths {
          * Mark a shipped order as delivered
          * @description Allowed from shipped. One conditional UPDATE moves the order and records an order event, so of concurrent requests exactly one moves it. Asking again once the order is delivered returns it unchanged: 200, no new event, same ETag.
          *
-         *     How it is made safe to repeat: docs/patterns/state-machine.md, docs/patterns/idempotency-key.md (in the repository).
+         *     How it is made safe to repeat: [state-machine](/patterns/state-machine.md), [idempotency-key](/patterns/idempotency-key.md).
          */
         post: operations["deliverOrder"];
         delete?: never;
@@ -195,7 +195,7 @@ export interface paths {
          * Get a single-use token for creating one order
          * @description For a form: fetch a token when it is shown, send it as Submit-Token with POST /orders. However often the form is submitted, one order is created; later submits get 409 with its orderId. Lives SUBMIT_TOKEN_TTL_SECONDS (10 min by default). Issuing is harmless to repeat: an unused token simply expires.
          *
-         *     How it is made safe to repeat: docs/patterns/submit-tokens.md (in the repository).
+         *     How it is made safe to repeat: [submit-tokens](/patterns/submit-tokens.md).
          */
         post: operations["issueSubmitToken"];
         delete?: never;
@@ -269,7 +269,7 @@ export interface paths {
          * Pay an order through the provider
          * @description Charges the order total. Atomic phases under the Idempotency-Key: the pending payment and its outbound key are committed before the provider is called; the outcome and the answer are committed together after. A decline (402) is final and stored; a new key may pay again. An unknown outcome (503 payment-pending) is not: retry with the same key.
          *
-         *     How it is made safe to repeat: docs/patterns/phased-external-calls.md, docs/patterns/outbound-retries.md, docs/patterns/reconciliation.md (in the repository).
+         *     How it is made safe to repeat: [phased-external-calls](/patterns/phased-external-calls.md), [outbound-retries](/patterns/outbound-retries.md), [reconciliation](/patterns/reconciliation.md).
          */
         post: operations["payOrder"];
         delete?: never;
@@ -315,7 +315,7 @@ export interface paths {
          * Refund a payment, fully or partly
          * @description Only a succeeded payment of a cancelled order. The amount (default: what remains) is reserved by one conditional UPDATE before the provider is called, so parallel refunds never exceed the payment. When the settled refunds reach the amount, the order becomes refunded.
          *
-         *     How it is made safe to repeat: docs/patterns/phased-external-calls.md, docs/patterns/outbound-retries.md, docs/patterns/reconciliation.md (in the repository).
+         *     How it is made safe to repeat: [phased-external-calls](/patterns/phased-external-calls.md), [outbound-retries](/patterns/outbound-retries.md), [reconciliation](/patterns/reconciliation.md).
          */
         post: operations["refundPayment"];
         delete?: never;
@@ -357,7 +357,7 @@ export interface paths {
          * Receive the payment provider's events
          * @description Standard Webhooks: the signature (HMAC-SHA256 with PSP_WEBHOOK_SECRET over `webhook-id.webhook-timestamp.body`, the exact bytes sent) must match and the timestamp be within 5 minutes. Each event is processed once: its webhook-id is recorded in the same transaction as its effect, so a redelivery (later or concurrent) answers 200 `duplicate` and changes nothing. Events never move a payment, refund or order backwards; an event for an unknown or already-settled payment, of an unknown type, or whose amount or currency differs from ours is recorded with no effect. A charge.succeeded for a payment we failed is refunded automatically.
          *
-         *     How it is made safe to repeat: docs/patterns/webhook-consumer.md (in the repository).
+         *     How it is made safe to repeat: [webhook-consumer](/patterns/webhook-consumer.md).
          */
         post: operations["receive"];
         delete?: never;
@@ -433,9 +433,10 @@ export interface components {
             totalMinor: number;
             items: components["schemas"]["OrderItemDto"][];
             shippingAddress: components["schemas"]["ShippingAddressDto"] | null;
+            /** @example Leave at the door */
             note: string | null;
             /**
-             * @description Grows by one on every change; sent as ETag "<version>".
+             * @description Grows by one on every change; sent as the ETag in quotes (version 3: "3").
              * @example 1
              */
             version: number;
@@ -844,6 +845,48 @@ export interface components {
             /** @description What went wrong this time, for people. */
             detail?: string;
         };
+        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-malformed (Idempotency-Key is malformed). */
+        IdempotencyKeyMalformedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:idempotency-key-malformed";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-in-use (A request is outstanding for this Idempotency-Key). */
+        IdempotencyKeyInUseProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:idempotency-key-in-use";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-reused (Idempotency-Key is already used). */
+        IdempotencyKeyReusedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:idempotency-key-reused";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
         /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-and-submit-token (Idempotency-Key and Submit-Token together). */
         IdempotencyKeyAndSubmitTokenProblem: {
             /**
@@ -898,48 +941,6 @@ export interface components {
              * @enum {string}
              */
             type: "urn:idempotent-orders:problem:submit-token-invalid";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-malformed (Idempotency-Key is malformed). */
-        IdempotencyKeyMalformedProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:idempotency-key-malformed";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-in-use (A request is outstanding for this Idempotency-Key). */
-        IdempotencyKeyInUseProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:idempotency-key-in-use";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-reused (Idempotency-Key is already used). */
-        IdempotencyKeyReusedProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:idempotency-key-reused";
             /** @description A short summary for people; the same for every occurrence of the type. */
             title: string;
             /** @description The HTTP status code. */
@@ -1077,7 +1078,7 @@ export interface components {
             status: number;
             /** @description What went wrong this time, for people. */
             detail?: string;
-            /** @description The version the order is at now (its ETag is "<currentVersion>"). */
+            /** @description The version the order is at now (its ETag is that number in quotes: 3 → "3"). */
             currentVersion: number;
         };
         /** @description The problem of type urn:idempotent-orders:problem:precondition-required (Precondition required). */
@@ -1717,10 +1718,10 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
+                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response. Editing the body (any field) and sending it under the same key is a 422 and nothing runs: a changed request needs a new key. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
+                "Idempotency-Key"?: string;
                 /** @description Instead of Idempotency-Key (send exactly one of the two): a token from POST /submit-tokens. It is consumed in the transaction that creates the order, so it creates at most one: a reuse is a 409 naming that order. Unknown, expired or another client's → 422. A request that fails (400, a 409 on the order number, 5xx) consumes nothing. */
                 "Submit-Token"?: string;
-                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
-                "Idempotency-Key"?: string;
             };
             path?: never;
             cookie?: never;
@@ -1745,7 +1746,7 @@ export interface operations {
                 headers: {
                     /** @description /orders/{id} */
                     Location?: string;
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -1756,11 +1757,11 @@ export interface operations {
             /**
              * @description The request is malformed: invalid JSON, unknown or invalid fields.
              *
+             *     Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).
+             *
              *     Both Idempotency-Key and Submit-Token were sent: send exactly one.
              *
              *     Neither Idempotency-Key nor Submit-Token was sent.
-             *
-             *     Idempotency-Key malformed (or the body is invalid; not stored, the key stays free).
              *
              *     The body is not valid JSON.
              *
@@ -1771,7 +1772,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyAndSubmitTokenProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                    "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["IdempotencyKeyAndSubmitTokenProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
             /** @description Missing or invalid API key. */
@@ -1794,9 +1795,9 @@ export interface operations {
             /**
              * @description The orderNumber belongs to an order with different content.
              *
-             *     The Submit-Token was already used: orderId names the order it created. Nothing new was created.
-             *
              *     A request with this Idempotency-Key is still running. Retry after Retry-After seconds.
+             *
+             *     The Submit-Token was already used: orderId names the order it created. Nothing new was created.
              */
             409: {
                 headers: {
@@ -1805,7 +1806,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["OrderNumberConflictProblem"] | components["schemas"]["SubmitTokenUsedProblem"] | components["schemas"]["IdempotencyKeyInUseProblem"];
+                    "application/problem+json": components["schemas"]["OrderNumberConflictProblem"] | components["schemas"]["IdempotencyKeyInUseProblem"] | components["schemas"]["SubmitTokenUsedProblem"];
                 };
             };
             /** @description The body is larger than the limit (64 KiB). */
@@ -1839,16 +1840,16 @@ export interface operations {
                 };
             };
             /**
-             * @description The Submit-Token is unknown, expired or another client's. Nothing was created, nothing consumed.
+             * @description This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed.
              *
-             *     This Idempotency-Key was used for a different request (other body, method or endpoint). Nothing was executed.
+             *     The Submit-Token is unknown, expired or another client's. Nothing was created, nothing consumed.
              */
             422: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["SubmitTokenInvalidProblem"] | components["schemas"]["IdempotencyKeyReusedProblem"];
+                    "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"] | components["schemas"]["SubmitTokenInvalidProblem"];
                 };
             };
             /** @description Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
@@ -1875,7 +1876,7 @@ export interface operations {
         responses: {
             200: {
                 headers: {
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -1968,7 +1969,7 @@ export interface operations {
             header: {
                 /** @description The ETag of your last read of the order, e.g. "3". The change applies only if the order is still at that version. */
                 "If-Match": string;
-                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
+                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response. Editing the body (any field) and sending it under the same key is a 422 and nothing runs: a changed request needs a new key. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -1985,7 +1986,7 @@ export interface operations {
             /** @description The changed order, with its new version. */
             200: {
                 headers: {
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -2055,7 +2056,7 @@ export interface operations {
              */
             409: {
                 headers: {
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     /** @description seconds */
                     "Retry-After"?: string;
@@ -2068,7 +2069,7 @@ export interface operations {
             /** @description If-Match names a version the order is no longer at. Nothing was changed; the ETag header has the current version: read the order again and retry. */
             412: {
                 headers: {
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -2164,7 +2165,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
+                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response. Editing the body (any field) and sending it under the same key is a 422 and nothing runs: a changed request needs a new key. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -2177,7 +2178,7 @@ export interface operations {
             /** @description The order, now cancelled. */
             200: {
                 headers: {
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -2247,7 +2248,7 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before retrying with the same Idempotency-Key. */
                     "Retry-After"?: string;
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -2317,7 +2318,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
+                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response. Editing the body (any field) and sending it under the same key is a 422 and nothing runs: a changed request needs a new key. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -2330,7 +2331,7 @@ export interface operations {
             /** @description The order, now shipped. */
             200: {
                 headers: {
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -2398,7 +2399,7 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before retrying */
                     "Retry-After"?: string;
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -2468,7 +2469,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response; the same key with another body or endpoint is a 422. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
+                /** @description A unique value per operation (a UUID is best): 1–255 visible ASCII characters, bare or as an RFC 8941 string ("…"). Retrying with the same key and body replays the first response. Editing the body (any field) and sending it under the same key is a 422 and nothing runs: a changed request needs a new key. A retry while the first request is still running waits for it (up to IDEMPOTENCY_WAIT_MS), else 409 with Retry-After. Validation errors (400) and server errors are not stored: fix and retry with the same key. Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -2481,7 +2482,7 @@ export interface operations {
             /** @description The order, now delivered. */
             200: {
                 headers: {
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -2549,7 +2550,7 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before retrying */
                     "Retry-After"?: string;
-                    /** @description The order version, for If-Match: "<version>" */
+                    /** @description The order version in quotes, e.g. "3": send it back as If-Match to change the order. */
                     ETag?: string;
                     [name: string]: unknown;
                 };
@@ -3324,7 +3325,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
+                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. Another body (or another order or payment in the path) under the same key is a 422 and nothing is charged: a changed request needs a new key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
                 "Idempotency-Key": string;
             };
             path: {
@@ -3713,7 +3714,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
+                /** @description A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer (Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. Another body (or another order or payment in the path) under the same key is a 422 and nothing is charged: a changed request needs a new key. While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS. */
                 "Idempotency-Key": string;
             };
             path: {

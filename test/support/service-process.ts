@@ -20,8 +20,15 @@ export interface ServiceProcess {
 /** The built sandbox provider, as `npm run psp` runs it (PSP_PORT=0 for a free port); its URL without the /psp prefix. */
 export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/src/psp-sandbox/main.js');
 
-/** The built service (`npm test` builds first) as its own OS process, as `npm start` runs it; `main`: another built entry. */
-export async function startServiceProcess(env: Record<string, string>, { main = MAIN }: { main?: string } = {}): Promise<ServiceProcess> {
+/**
+ * The built service (`npm test` builds first) as its own OS process, as `npm start` runs it; `main`: another built entry.
+ * `processGroup`: in a process group of its own, as a terminal runs it, so that a test can send the terminal's
+ * Ctrl-C to the whole group (`process.kill(-child.pid, 'SIGINT')`).
+ */
+export async function startServiceProcess(
+  env: Record<string, string>,
+  { main = MAIN, processGroup = false }: { main?: string; processGroup?: boolean } = {},
+): Promise<ServiceProcess> {
   const child = spawn(process.execPath, [main], {
     env: {
       PATH: process.env.PATH ?? '',
@@ -37,6 +44,7 @@ export async function startServiceProcess(env: Record<string, string>, { main = 
       ...(env.DATABASE_URL && main === MAIN ? throughPooler(env.DATABASE_URL, env) : {}),
     },
     stdio: ['ignore', 'pipe', 'pipe'],
+    detached: processGroup,
   });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));

@@ -25,10 +25,10 @@ export class OrderView {
   @ApiProperty({ type: ShippingAddressDto, nullable: true })
   shippingAddress: ShippingAddressDto | null;
 
-  @ApiProperty({ type: String, nullable: true })
+  @ApiProperty({ type: String, nullable: true, example: 'Leave at the door' })
   note: string | null;
 
-  @ApiProperty({ example: 1, description: 'Grows by one on every change; sent as ETag "<version>".' })
+  @ApiProperty({ example: 1, description: 'Grows by one on every change; sent as the ETag in quotes (version 3: "3").' })
   version: number;
 
   @ApiProperty({ format: 'date-time' })
