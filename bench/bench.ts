@@ -8,7 +8,8 @@
  * (utime + stime) and this run's PostgreSQL server (its postmaster and every process below it).
  *
  * BENCH_SECONDS (8) per row; BENCH_JSON=<file> also writes the rows as JSON (bench/peer/compare.mjs
- * reads it to print the ratios against the peer).
+ * reads it to print the ratios against the peer). BENCH_SERVICE_ENV='NAME=value …' starts the service with
+ * those variables too (e.g. DATABASE_PREPARED_STATEMENTS=false, as behind a pooler that cannot keep them).
  */
 import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -270,7 +271,16 @@ async function main(): Promise<void> {
     // BENCH_SERVICE_ARGS='--cpu-prof' profiles the service while it is measured.
     const nodeArgs = process.env.BENCH_SERVICE_ARGS?.split(' ').filter(Boolean) ?? [];
     service = spawn(process.execPath, [...nodeArgs, fileURLToPath(new URL('../src/main.js', import.meta.url))], {
-      env: { PATH: process.env.PATH, PORT: '0', DATABASE_URL: server.url, API_KEYS: `bench:${SECRET}`, PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(SECRET).toString('base64')}`, PSP_SANDBOX: 'in-process', LOG_LEVEL: 'warn' },
+      env: {
+        PATH: process.env.PATH,
+        PORT: '0',
+        DATABASE_URL: server.url,
+        API_KEYS: `bench:${SECRET}`,
+        PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(SECRET).toString('base64')}`,
+        PSP_SANDBOX: 'in-process',
+        LOG_LEVEL: 'warn',
+        ...Object.fromEntries((process.env.BENCH_SERVICE_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.split('=')[0], pair.slice(pair.indexOf('=') + 1)])),
+      },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const url = await new Promise<string>((res, rej) => {
