@@ -191,7 +191,7 @@ async function uncontended(url: string): Promise<Row> {
 }
 
 /**
- * The storm's reference (DESIGN §5): the same rounds of STORM_WIDTH simultaneous requests, each a replay of a
+ * The storm's reference (bench/README.md): the same rounds of STORM_WIDTH simultaneous requests, each a replay of a
  * different completed key — the same CPU queueing without the wait for a duplicate in flight.
  */
 async function distinctReplays(url: string, keys: string[]): Promise<Row> {

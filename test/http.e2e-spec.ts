@@ -5,7 +5,7 @@ import request from 'supertest';
 import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
 
 /**
- * The HTTP contract (DESIGN §3): every error is application/problem+json with no internals,
+ * The HTTP contract (docs/contract.md#http-api): every error is application/problem+json with no internals,
  * hostile or malformed input is a 4xx and writes nothing, auth is a Bearer API key, and the
  * operational endpoints (health, metrics, docs) answer without one.
  */

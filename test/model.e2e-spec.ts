@@ -11,7 +11,7 @@ import { ALICE, bearer, startTestApp, WEBHOOK_SECRET, type TestApp } from './sup
  * sandbox token), refunds, webhook deliveries (duplicates, any order), reconciler runs and parallel bursts,
  * and pays whose every attempt reaches the provider late (the sandbox runs as its own process behind a slow
  * path), over real HTTP against one app on real PostgreSQL. After EVERY step the database and the sandbox ledger
- * are checked against the invariants of DESIGN §3.3; every answer against "no 5xx but the documented
+ * are checked against the invariants of docs/contract.md#invariants; every answer against "no 5xx but the documented
  * 503s, every error problem+json"; replays byte for byte.
  *
  * Each run scopes itself to its own orders and keys (new UUIDs, its own order numbers), so runs do not
@@ -36,7 +36,7 @@ const PROBLEM_JSON = /^application\/problem\+json/;
 const PROBLEM = 'urn:idempotent-orders:problem:';
 /** The only 5xx answers the API documents: an outcome not known yet, or a provider refused before anything was written. */
 const DOCUMENTED_503 = new Set([`${PROBLEM}payment-pending`, `${PROBLEM}provider-unavailable`, `${PROBLEM}refund-pending`]);
-/** Every sandbox test token (DESIGN §3.5), and one it does not know (→ 402 invalid_source). */
+/** Every sandbox test token (docs/contract.md#test-tokens), and one it does not know (→ 402 invalid_source). */
 type Token = 'tok_visa' | 'tok_chargeDeclined' | 'tok_flaky' | 'tok_timeout' | 'tok_lost' | 'tok_unavailable' | 'tok_slow' | 'tok_nonsense';
 const signer = new Webhook(WEBHOOK_SECRET);
 

@@ -11,7 +11,7 @@ const order = (overrides: Record<string, unknown> = {}) => ({
 
 const TTL_SECONDS = 120;
 
-describe('Submit-Token on POST /orders (DESIGN §3.2)', () => {
+describe('Submit-Token on POST /orders (docs/contract.md#orders)', () => {
   let t: TestApp;
   beforeAll(async () => {
     t = await startTestApp({ SUBMIT_TOKEN_TTL_SECONDS: String(TTL_SECONDS) });

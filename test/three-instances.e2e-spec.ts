@@ -43,7 +43,7 @@ interface Seen {
  * Three instances of the built service on one database, as a scaled-out deployment runs them:
  * a mixed storm of creates, pays, cancels and refunds, each key sent to several instances at
  * once, with provider faults, while the three reconcilers compete for the same unfinished keys.
- * Afterwards the database and the sandbox ledger must show every invariant of DESIGN §3.3.
+ * Afterwards the database and the sandbox ledger must show every invariant in docs/contract.md#invariants.
  */
 describe('three service processes on one database: a mixed storm keeps every invariant', () => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;

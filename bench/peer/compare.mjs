@@ -1,5 +1,5 @@
 // npm run bench:compare — `npm run bench` (ours), then `npm run bench:peer` (the peer and raw pg), back to back on
-// this machine, then one table with the ratios DESIGN §5 sets targets for, each marked met / not met.
+// this machine, then one table with the ratios bench/README.md sets targets for, each marked met / not met.
 // BENCH_SECONDS (8) per row for both. Each run starts and stops its own PostgreSQL; nothing is shared between them.
 // BENCH_ROUNDS (1): run the pair that many times, alternating, and report each row's median. A shared VM's speed
 // drifts by tens of percent from one minute to the next: one pair can catch one side in a slow minute.
@@ -94,7 +94,7 @@ try {
   console.log(`\n## Ours vs the peer (${peer.peer}, memory store) and raw pg — ${ours.date.slice(0, 16)}Z, ${ours.machine}`);
   console.log(`${ours.connections} connections, ${ours.seconds} s per row, runs back to back; the machine is shared and noisy: compare ratios, not absolute numbers.`);
   console.log(`ours: ${ours.load}; peer: ${peer.load}\n`);
-  console.log('| comparison | ours | reference | ratio | target (DESIGN §5) | |\n|---|---:|---:|---:|---|---|');
+  console.log('| comparison | ours | reference | ratio | target (bench/README.md) | |\n|---|---:|---:|---:|---|---|');
   const line = (name, a, b, ratio, target, ok) => console.log(`| ${name} | ${a} | ${b} | ${ratio} | ${target} | ${verdict(ok)} |`);
   const r1 = create.rps / peerNew.rps;
   line('create (new key each) vs peer new key, req/s', f(create.rps, 0), f(peerNew.rps, 0), `${f(r1)}×`, '≥ 1.1×', r1 >= 1.1);

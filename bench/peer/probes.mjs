@@ -1,4 +1,4 @@
-// npm run bench:probes — the peer's faults (probes adapted from ../shared/peer-bench/probes), each run against the
+// npm run bench:probes — the peer's faults, each run against the
 // peer AND against our service, printed per fault: peer result vs ours.
 //   npm run bench:probes                 all probes (~2–3 min)
 //   npm run bench:probes -- --only p3    one probe (p1 parallel, p2 key order, p3 scoping, p4 crash)

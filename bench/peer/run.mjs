@@ -1,7 +1,7 @@
 // npm run bench:peer — the peer (@node-idempotency/nestjs 1.0.4 in a Nest 10 + TypeORM 0.3 app, bench/peer/app)
 // on the same workload as `npm run bench` (same body, 32 connections, BENCH_SECONDS per row, 2 s warm-up), against
 // its own embedded PostgreSQL; then the same order transaction straight through `pg` (what the database allows).
-// Adapted from ../shared/peer-bench (bench.mjs, rawpg.mjs, cpu.mjs). CPU per request from /proc: the peer's Node
+// CPU per request from /proc: the peer's Node
 // process, this run's PostgreSQL server only (postmaster + its children), redis-server.
 // PEER_JSON=<file> writes the rows as JSON (compare.mjs). PEER_REDIS=0 skips the Redis rows.
 import crypto from 'node:crypto';
@@ -16,7 +16,7 @@ const { processCpuMs, postgresCpuMs, selfCpuMs } = await import(path.join(root, 
 
 const CONNECTIONS = 32;
 const DURATION_S = Number(process.env.BENCH_SECONDS ?? 8);
-const POOL_MAX = 10; // the peer app's pool (POOL_MAX), and the raw pg pool: as in peer-bench
+const POOL_MAX = 10; // the peer app's pool (POOL_MAX), and the raw pg pool: the same size
 // The body `npm run bench` sends (the peer accepts it as is: orderNumber is optional there).
 const BODY = JSON.stringify({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor: 1999 }, { sku: 'SKU-2', quantity: 1, unitPriceMinor: 500 }] });
 const ITEMS = JSON.parse(BODY).items;
@@ -67,7 +67,7 @@ async function peerRows(app, targets, storage) {
   return rows;
 }
 
-// ---- raw pg (rawpg.mjs of peer-bench): plain = order + items; idem = + idempotency row inserted, then completed
+// ---- raw pg: plain = order + items; idem = + idempotency row inserted, then completed
 async function rawRows(databaseUrl, postmaster) {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: POOL_MAX });
   // An idle client's connection closing as the server stops must not crash the run (pool.end() does not wait for it).

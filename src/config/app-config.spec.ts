@@ -3,7 +3,7 @@ import { ConfigError, DEV_API_CLIENT, DEV_WEBHOOK_SECRET, loadConfig } from './a
 
 type Env = Record<string, string | undefined>;
 
-/** Every variable the service reads (DESIGN §1 plus EMBEDDED_PG_PORT and the pool settings). */
+/** Every variable the service reads (the README's configuration table). */
 const VARIABLES = [
   'PORT',
   'DATABASE_URL',

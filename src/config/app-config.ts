@@ -49,7 +49,7 @@ export interface AppConfig {
   /** How long the provider remembers an Idempotency-Key: a payment is re-sent under its outbound key only within it. */
   pspKeyRetentionHours: number;
   pspTimeoutMs: number;
-  /** Attempts per outbound call, the first included (§3.7). */
+  /** Attempts per outbound call, the first included (docs/contract.md#outbound-client). */
   pspMaxAttempts: number;
   /** Consecutive failed calls that open a circuit breaker. */
   pspBreakerThreshold: number;
@@ -81,7 +81,7 @@ export const DEV_API_CLIENT: ApiClient = { clientId: 'demo', secret: 'dev-secret
  */
 export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=';
 
-/** Slack the lease keeps beyond the outbound client's attempts, for the phase-1 and phase-3 transactions (§3.7). */
+/** Slack the lease keeps beyond the outbound client's attempts, for the phase-1 and phase-3 transactions (docs/contract.md#outbound-client). */
 export const LEASE_MARGIN_MS = 2_000;
 
 export class ConfigError extends Error {

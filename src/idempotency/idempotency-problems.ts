@@ -3,7 +3,7 @@ import { ProblemException } from '../common/problem.js';
 import type { KeyScope } from './idempotency-keys.service.js';
 import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
 
-/** The problems of the Idempotency-Key contract (DESIGN §3.1), one shape for the interceptor and the atomic phases. */
+/** The problems of the Idempotency-Key contract (docs/contract.md#idempotency-key), one shape for the interceptor and the atomic phases. */
 export function keyMissing(): ProblemException {
   return ProblemException.of(400, 'idempotency-key-missing', 'Idempotency-Key is missing', 'This operation requires an Idempotency-Key header.');
 }

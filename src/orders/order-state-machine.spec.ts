@@ -1,7 +1,7 @@
 import { ORDER_STATUSES, type OrderStatus } from './order-status.js';
 import { allowedFrom, canTransition, nextStatuses } from './order-state-machine.js';
 
-// Written out from DESIGN §3.2, independently of the table under test.
+// Written out from docs/contract.md#orders, independently of the table under test.
 const LEGAL = new Set(['created>paid', 'created>cancelled', 'paid>shipped', 'paid>cancelled', 'shipped>delivered', 'cancelled>refunded']);
 
 const pairs = ORDER_STATUSES.flatMap((from) => ORDER_STATUSES.map((to) => [from, to, LEGAL.has(`${from}>${to}`)] as const));

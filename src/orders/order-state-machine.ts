@@ -1,7 +1,7 @@
 import { ORDER_STATUSES, type OrderStatus } from './order-status.js';
 
 /**
- * The order lifecycle (DESIGN §3.2): every status and the statuses it may move to. delivered and
+ * The order lifecycle (docs/contract.md#orders): every status and the statuses it may move to. delivered and
  * refunded are final. The SQL that moves an order asks this table, never its own copy of it.
  */
 const ORDER_TRANSITIONS: Readonly<Record<OrderStatus, readonly OrderStatus[]>> = {

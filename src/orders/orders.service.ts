@@ -284,7 +284,7 @@ export class OrdersService {
   }
 
   /**
-   * Moves an order to `target` (DESIGN §3.2) with one conditional UPDATE, never check-then-update:
+   * Moves an order to `target` (docs/contract.md#orders) with one conditional UPDATE, never check-then-update:
    * of concurrent requests exactly one moves it. Asking again for the status the order is
    * already in succeeds and writes nothing.
    */

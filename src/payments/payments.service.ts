@@ -26,7 +26,7 @@ export interface KeyAnswer {
 type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; paymentId: string; resumed: boolean };
 
 /**
- * POST /orders/:id/payments as atomic phases (DESIGN §3.3): the charge cannot join our
+ * POST /orders/:id/payments as atomic phases (docs/contract.md#payments-and-refunds): the charge cannot join our
  * transaction, and a timeout does not say whether the card was charged — so an unknown outcome
  * is never final: the payment stays pending, and the same key (or the reconciler) asks again
  * with the same outbound key, which the provider dedupes.

@@ -62,7 +62,7 @@ type CallEnd =
   | { kind: 'answered'; result: AttemptResult; attempts: number; last: AttemptResult | undefined; stopReason: string | undefined };
 
 /**
- * The outbound client to the payment provider (DESIGN §3.7): `wrap(breaker, retry, timeout)` from
+ * The outbound client to the payment provider (docs/contract.md#outbound-client): `wrap(breaker, retry, timeout)` from
  * cockatiel around one fetch per attempt, every attempt carrying the same Idempotency-Key, so a
  * retry can only ever find the charge the first attempt made, never make a second one.
  *

@@ -1,4 +1,4 @@
-/** The provider's HTTP shapes (/work PSP-CONTRACT: the sandbox serves exactly these). */
+/** The provider's HTTP shapes (docs/contract.md#sandbox-provider: the sandbox serves exactly these). */
 
 export interface PspCharge {
   id: string; // "ch_" + random

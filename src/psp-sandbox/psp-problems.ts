@@ -2,7 +2,7 @@ import { type ProblemExample, VALIDATION_FAILED } from '../common/api-problem-re
 import { ProblemException } from '../common/problem.js';
 import { TEST_TOKEN_NAMES } from './test-tokens.js';
 
-/** The sandbox's refusals. Its 503s carry no Retry-After: a client must choose its own backoff (DESIGN §3.5). */
+/** The sandbox's refusals. Its 503s carry no Retry-After: a client must choose its own backoff (docs/contract.md#sandbox-provider). */
 export const pspUnavailable = () =>
   ProblemException.of(503, 'psp-unavailable', 'Provider unavailable', 'The provider could not process the request; nothing was recorded. Retry with the same Idempotency-Key.');
 

@@ -48,7 +48,7 @@ function clientGone(res: Response): AbortSignal {
 }
 
 /**
- * The sandbox payment provider (DESIGN §3.5, PSP-CONTRACT.md). Public: a provider authenticates
+ * The sandbox payment provider (docs/contract.md#sandbox-provider). Public: a provider authenticates
  * its merchant, not our API clients, and the service's Idempotency-Key interceptor is inert here
  * (no @Idempotent()): the provider keeps its own keys, in its own schema.
  */

@@ -1,7 +1,7 @@
 import { answerDelayMs, testToken } from './test-tokens.js';
 
 describe('sandbox test tokens', () => {
-  it('holds back answers as DESIGN §3.5 says', () => {
+  it('holds back answers as docs/contract.md#test-tokens says', () => {
     expect(answerDelayMs('timeout', true, 200)).toBe(600);
     expect(answerDelayMs('timeout', false, 200)).toBe(0);
     expect(answerDelayMs('lost', true, 200)).toBe(600);

@@ -1,5 +1,5 @@
 /**
- * The sandbox's test cards (DESIGN §3.5 and PSP-CONTRACT.md). A token decides the outcome of a
+ * The sandbox's test cards (docs/contract.md#test-tokens). A token decides the outcome of a
  * charge and of every refund of it, and the faults a real provider shows: failed attempts,
  * answers that come too late, answers that never come in time.
  */

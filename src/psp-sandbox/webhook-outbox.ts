@@ -3,7 +3,7 @@ import type { SandboxClient } from './sandbox-database.js';
 
 export type WebhookEventType = 'charge.succeeded' | 'charge.failed' | 'refund.succeeded' | 'refund.failed';
 
-/** `data` of a charge event (DESIGN §3.4): paymentId and orderId are the metadata the service sent. */
+/** `data` of a charge event (docs/contract.md#webhooks): paymentId and orderId are the metadata the service sent. */
 export interface ChargeEventData {
   chargeId: string;
   paymentId: string;

@@ -7,7 +7,7 @@ import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 import type { WebhookEventType } from './webhook-outbox.js';
 import { WebhookMetrics, type WebhookDeliveryResult } from './webhook-metrics.js';
 
-/** DESIGN §3.5: the relay looks for due events at least every 500 ms. */
+/** docs/contract.md#sandbox-provider: the relay looks for due events at least every 500 ms. */
 export const POLL_INTERVAL_MS = 500;
 /** Per round: small, so one round's sends stay well inside the lease even when every one times out. */
 export const BATCH_SIZE = 10;
@@ -20,7 +20,7 @@ export const DELIVERY_TIMEOUT_MS = 5_000;
  * After a crash the row is due again when it runs out.
  */
 export const LEASE_MS = 30_000;
-/** DESIGN §3.5: 0.5 s · 2ⁿ, capped at 30 s. */
+/** docs/contract.md#sandbox-provider: 0.5 s · 2ⁿ, capped at 30 s. */
 const BACKOFF_BASE_MS = 500;
 const BACKOFF_CAP_MS = 30_000;
 /** How often a non-empty backlog is logged, so a receiver that stays down shows in the logs without one line per round. */

@@ -2,7 +2,7 @@ import { Check, Column, Entity, Index, JoinColumn, ManyToOne, PrimaryColumn } fr
 import type { Order } from '../orders/order.entity.js';
 
 /**
- * A single-use permission to create one order (DESIGN §3.2), issued with a short TTL. Consumed by
+ * A single-use permission to create one order (docs/contract.md#orders), issued with a short TTL. Consumed by
  * a conditional UPDATE in the transaction that inserts the order, which then records the order
  * here so a reuse can name it. (Migration 1764414300000 says what each constraint prevents.)
  */

@@ -4,7 +4,7 @@ import { ApiProblems, UNAUTHORIZED } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { SubmitTokensService } from './submit-tokens.service.js';
 
-/** A submit token as the API shows it (DESIGN §3.6). */
+/** A submit token as the API shows it (docs/contract.md#json-shapes). */
 export class SubmitTokenView {
   @ApiProperty({ example: 'mJ0x9V2a0Zb3hN3o5tWkQ1cR8yL6pE4sD7fG2jK9uXw', description: '32 random bytes, base64url. Send it as Submit-Token on POST /orders.' })
   token: string;

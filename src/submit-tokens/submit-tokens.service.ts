@@ -52,7 +52,7 @@ export class SubmitTokensService {
   }
 
   /**
-   * Runs `createOrder` at most once per token (DESIGN §3.2): in ONE transaction the token is
+   * Runs `createOrder` at most once per token (docs/contract.md#orders): in ONE transaction the token is
    * consumed, the order created and recorded on the token. Any error rolls all three back, so a
    * failed attempt leaves the token as it was.
    */

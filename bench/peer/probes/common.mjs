@@ -1,4 +1,4 @@
-// Shared by the probes (adapted from ../shared/peer-bench/probes). Each probe runs against TARGET=peer|ours at
+// Shared by the probes. Each probe runs against TARGET=peer|ours at
 // APP_URL, counts rows in DATABASE_URL, and prints one human line plus one "PROBE {json}" line for probes.mjs.
 import crypto from 'node:crypto';
 import pg from 'pg';

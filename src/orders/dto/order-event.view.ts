@@ -1,7 +1,7 @@
 import { ApiProperty } from '@nestjs/swagger';
 import { ORDER_STATUSES, type OrderStatus } from '../order-status.js';
 
-/** One status transition of an order (DESIGN §3.6). */
+/** One status transition of an order (docs/contract.md#json-shapes). */
 export class OrderEventView {
   @ApiProperty({ format: 'uuid' })
   id: string;

@@ -2,7 +2,7 @@ import { ApiProperty } from '@nestjs/swagger';
 import { ORDER_STATUSES, type OrderStatus } from '../order-status.js';
 import { OrderItemDto, ShippingAddressDto } from './create-order.dto.js';
 
-/** An order as the API shows it (DESIGN §3.6). */
+/** An order as the API shows it (docs/contract.md#json-shapes). */
 export class OrderView {
   @ApiProperty({ format: 'uuid' })
   id: string;

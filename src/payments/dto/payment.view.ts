@@ -6,7 +6,7 @@ export const PAYMENT_STATUSES: readonly PaymentStatus[] = ['pending', 'succeeded
 /** No order total can exceed this (100 lines × 10 000 units × 10^9): below 2^53, so exact as a JSON number. */
 export const MAX_ORDER_TOTAL_MINOR = 1e15;
 
-/** A payment of an order (DESIGN §3.6). */
+/** A payment of an order (docs/contract.md#json-shapes). */
 export class PaymentView {
   @ApiProperty({ format: 'uuid' })
   id: string;

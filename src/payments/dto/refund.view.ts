@@ -2,7 +2,7 @@ import { ApiProperty } from '@nestjs/swagger';
 import type { PaymentStatus } from '../payment.entity.js';
 import { PAYMENT_STATUSES } from './payment.view.js';
 
-/** A refund of a payment (DESIGN §3.6). */
+/** A refund of a payment (docs/contract.md#json-shapes). */
 export class RefundView {
   @ApiProperty({ format: 'uuid' })
   id: string;

@@ -1,7 +1,7 @@
 import { ApiProperty } from '@nestjs/swagger';
 import { ChargeMetadataDto } from './create-charge.dto.js';
 
-/** A charge as the provider answers it (PSP-CONTRACT.md `PspCharge`). */
+/** A charge as the provider answers it (`PspCharge` in src/psp-client/psp-wire.ts). */
 export class PspChargeView {
   @ApiProperty({ example: 'ch_5f0c3e2a1b9d8c7e6f5a4b3c', pattern: '^ch_[0-9a-f]{24}$' })
   id: string;

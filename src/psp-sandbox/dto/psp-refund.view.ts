@@ -1,7 +1,7 @@
 import { ApiProperty } from '@nestjs/swagger';
 import { RefundMetadataDto } from './create-refund.dto.js';
 
-/** A refund as the provider answers it (PSP-CONTRACT.md `PspRefund`). */
+/** A refund as the provider answers it (`PspRefund` in src/psp-client/psp-wire.ts). */
 export class PspRefundView {
   @ApiProperty({ example: 're_9a8b7c6d5e4f3a2b1c0d9e8f', pattern: '^re_[0-9a-f]{24}$' })
   id: string;

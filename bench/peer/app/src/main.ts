@@ -2,7 +2,7 @@ import 'reflect-metadata';
 import { NestFactory } from '@nestjs/core';
 import { AppModule } from './app.module';
 
-// Adapted from ../shared/peer-bench/app: the runner (bench/peer/*.mjs) starts the embedded PostgreSQL
+// The runner (bench/peer/*.mjs) starts the embedded PostgreSQL
 // (the service's own src/database/embedded-postgres.ts, built) and passes DATABASE_URL.
 async function bootstrap() {
   const databaseUrl = process.env.DATABASE_URL;
