@@ -283,23 +283,33 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
     });
   });
 
+  /**
+   * A lost payment whose key a slow holder took and then stalled past its lease (made to run out here), and a
+   * fresh holder took over.
+   */
+  async function twoHolders() {
+    const orderId = await createOrder();
+    const lost = await pay(orderId, 'tok_lost');
+    expect(lost.status).toBe(503);
+    const { rows } = await t.db.query(`SELECT idempotency_key_id AS key_id FROM payments WHERE id = $1`, [lost.body.paymentId]);
+    const keyId = rows[0].key_id as string;
+    const phases = t.app.get(AtomicPhases);
+    const slow = await phases.takeOverLease(keyId);
+    expect(slow).toBeDefined();
+    await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() - interval '1 second' WHERE id = $1`, [keyId]);
+    const fresh = await phases.takeOverLease(keyId);
+    expect(fresh?.leaseToken).not.toBe(slow!.leaseToken);
+    return { orderId, paymentId: lost.body.paymentId as string, keyId, slow: slow!, fresh: fresh!, phases, settlement: t.app.get(PaymentSettlement) };
+  }
+
   describe("the provider's confirmation is never dropped", () => {
     it('a holder whose lease was taken over still applies a confirmed charge, as a webhook would; the new holder then gets that answer', async () => {
-      const orderId = await createOrder();
-      const lost = await pay(orderId, 'tok_lost');
-      expect(lost.status).toBe(503);
-      const { rows } = await t.db.query(`SELECT idempotency_key_id AS key_id FROM payments WHERE id = $1`, [lost.body.paymentId]);
-      const phases = t.app.get(AtomicPhases);
-      const settlement = t.app.get(PaymentSettlement);
-      const slow = await phases.takeOverLease(rows[0].key_id);
-      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() - interval '1 second' WHERE id = $1`, [rows[0].key_id]);
-      const fresh = await phases.takeOverLease(rows[0].key_id);
-      expect(fresh?.leaseToken).not.toBe(slow!.leaseToken);
+      const { orderId, paymentId, slow, fresh, settlement } = await twoHolders();
       const [charge] = await charges(orderId);
-      const confirmed = await settlement.settlePayment(lost.body.paymentId, { status: 'succeeded', providerId: charge.id }, slow!.leaseToken);
+      const confirmed = await settlement.settlePayment(paymentId, { status: 'succeeded', providerId: charge.id }, slow.leaseToken);
       expect(confirmed).toMatchObject({ kind: 'answered', changed: true, response: { status: 201 } });
       expect(await orderState(orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
-      const after = await settlement.settlePayment(lost.body.paymentId, { status: 'succeeded', providerId: charge.id }, fresh!.leaseToken);
+      const after = await settlement.settlePayment(paymentId, { status: 'succeeded', providerId: charge.id }, fresh.leaseToken);
       expect(after).toMatchObject({ kind: 'answered', changed: false, response: { status: 201 } });
       expect(await unfinishedKeys()).toBe(0);
     });
@@ -340,31 +350,20 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
   });
 
   describe('lease fencing', () => {
-    it('a holder whose lease ran out and was taken over can settle nothing: its writes match no row; the new holder settles', async () => {
-      const orderId = await createOrder();
-      const lost = await pay(orderId, 'tok_lost');
-      expect(lost.status).toBe(503);
-      const { rows } = await t.db.query(`SELECT idempotency_key_id AS key_id FROM payments WHERE id = $1`, [lost.body.paymentId]);
-      const phases = t.app.get(AtomicPhases);
-      const settlement = t.app.get(PaymentSettlement);
-      const slow = await phases.takeOverLease(rows[0].key_id);
-      expect(slow).toBeDefined();
-      // The slow holder stalls past its lease (made to run out here), and another holder takes the key over.
-      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() - interval '1 second' WHERE id = $1`, [rows[0].key_id]);
-      const fresh = await phases.takeOverLease(rows[0].key_id);
-      expect(fresh?.leaseToken).not.toBe(slow!.leaseToken);
-
-      const stale = await settlement.settlePayment(lost.body.paymentId, { status: 'failed', failureCode: 'provider_unreachable' }, slow!.leaseToken);
+    it('a holder whose lease ran out and was taken over can decide nothing: its writes match no row; the new holder settles', async () => {
+      const { orderId, paymentId, keyId, slow, fresh, phases, settlement } = await twoHolders();
+      // Its own decision ("never reached", no provider id) counts only under its lease.
+      const stale = await settlement.settlePayment(paymentId, { status: 'failed', failureCode: 'provider_unreachable' }, slow.leaseToken);
       expect(stale.kind).toBe('lost');
       expect(await paymentsOf(orderId)).toMatchObject([{ status: 'pending' }]);
 
       const [charge] = await charges(orderId);
-      const settled = await settlement.settlePayment(lost.body.paymentId, { status: 'succeeded', providerId: charge.id }, fresh!.leaseToken);
+      const settled = await settlement.settlePayment(paymentId, { status: 'succeeded', providerId: charge.id }, fresh.leaseToken);
       expect(settled).toMatchObject({ kind: 'answered', changed: true });
       expect(await paymentsOf(orderId)).toMatchObject([{ status: 'succeeded' }]);
       // The slow holder still cannot release or complete anything.
-      await phases.release(slow!);
-      const { rows: key } = await t.db.query(`SELECT state, response_status FROM idempotency_keys WHERE id = $1`, [rows[0].key_id]);
+      await phases.release(slow);
+      const { rows: key } = await t.db.query(`SELECT state, response_status FROM idempotency_keys WHERE id = $1`, [keyId]);
       expect(key[0]).toEqual({ state: 'completed', response_status: 201 });
     });
   });
