@@ -10,6 +10,8 @@
  * BENCH_SECONDS (8) per row; BENCH_JSON=<file> also writes the rows as JSON (bench/peer/compare.mjs
  * reads it to print the ratios against the peer). BENCH_SERVICE_ENV='NAME=value …' starts the service with
  * those variables too (e.g. DATABASE_PREPARED_STATEMENTS=false, as behind a pooler that cannot keep them).
+ * BENCH_PGBOUNCER=1 puts Debian's PgBouncer in transaction mode between the service and PostgreSQL (the tests'
+ * harness, test/support/pgbouncer.ts): named statements off, migrations on the direct connection.
  */
 import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -26,6 +28,7 @@ import { freePort } from '../src/common/free-port.js';
 import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 import { ORDER_TABLE_COLUMNS } from '../src/orders/order-columns.js';
+import { type PgBouncer, startPgBouncer } from '../test/support/pgbouncer.js';
 import { postgresCpuMs, postmasterPid, processCpuMs } from './proc-cpu.js';
 
 const CONNECTIONS = 32;
@@ -251,13 +254,14 @@ async function main(): Promise<void> {
   // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
   const server = await startEmbeddedPostgres({ dir: pgDir, port: await freePort(), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
   let service: ChildProcess | undefined;
+  let pooler: PgBouncer | undefined;
   // Ctrl-C or a kill skips `finally`: stop what this run started, then exit.
   let stopping = false;
   const onSignal = () => {
     if (stopping) return; // a Ctrl-C can arrive twice (from the terminal and from bench:compare)
     stopping = true;
     service?.kill('SIGKILL');
-    void server.stop().finally(() => process.exit(130));
+    void Promise.allSettled([pooler?.stop(), server.stop()]).finally(() => process.exit(130));
   };
   process.on('SIGINT', onSignal).on('SIGTERM', onSignal);
   try {
@@ -268,13 +272,17 @@ async function main(): Promise<void> {
     console.error('migrated; starting the service');
     await setup.destroy();
 
+    if (process.env.BENCH_PGBOUNCER === '1') pooler = await startPgBouncer(server.url, await freePort());
+    const through = pooler
+      ? { DATABASE_URL: pooler.pooledUrl(server.url), DATABASE_PREPARED_STATEMENTS: 'false', DATABASE_MIGRATION_URL: server.url }
+      : { DATABASE_URL: server.url };
     // BENCH_SERVICE_ARGS='--cpu-prof' profiles the service while it is measured.
     const nodeArgs = process.env.BENCH_SERVICE_ARGS?.split(' ').filter(Boolean) ?? [];
     service = spawn(process.execPath, [...nodeArgs, fileURLToPath(new URL('../src/main.js', import.meta.url))], {
       env: {
         PATH: process.env.PATH,
         PORT: '0',
-        DATABASE_URL: server.url,
+        ...through,
         API_KEYS: `bench:${SECRET}`,
         PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(SECRET).toString('base64')}`,
         PSP_SANDBOX: 'in-process',
@@ -373,7 +381,8 @@ async function main(): Promise<void> {
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;
     const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
     const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
-    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds); ${load}\n`);
+    const path = [pooler ? 'through PgBouncer (transaction mode)' : '', process.env.BENCH_SERVICE_ENV ? `service with ${process.env.BENCH_SERVICE_ENV}` : ''].filter(Boolean).join(', ');
+    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)${path ? `; ${path}` : ''}; ${load}\n`);
     console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
     for (const r of rows) {
       console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
@@ -409,6 +418,7 @@ async function main(): Promise<void> {
       service.kill('SIGTERM');
       await exited;
     }
+    await pooler?.stop();
     await server.stop();
     await rm(dir, { recursive: true, force: true });
   }
