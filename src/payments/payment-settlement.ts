@@ -142,7 +142,7 @@ export class PaymentSettlement {
       `SELECT p.order_id, r.payment_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
-    if (!facts) return 'no-room';
+    if (!facts) throw new Error(`refund ${refundId} vanished while a late refund was applied to it`);
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [facts.order_id]);
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [facts.payment_id]);
     const [refund] = await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 FOR UPDATE`, [refundId]);

@@ -112,23 +112,24 @@ export class PaymentsService {
   /**
    * Phases 2 and 3. A resumed key first asks the provider what became of the payment (a lookup is
    * cheap and never delayed); only if it has no charge is the charge sent again, under the same
-   * outbound key — which the provider dedupes with an earlier attempt that lands late — and only while
-   * the provider still remembers that key. An unknown outcome releases the lease and answers 503: NOT stored.
+   * outbound key — which the provider dedupes with an earlier attempt that lands late. Past the re-send window
+   * (ProviderAttempts.mayResend) it sends nothing and decides by lookups, as the reconciler does. An unknown
+   * outcome releases the lease and answers 503: NOT stored.
    */
   async chargeAndSettle(key: LeasedKey, paymentId: string, resumed: boolean): Promise<StoredResponse> {
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
+    if (resumed && payment.status === 'pending' && !this.attempts.mayResend(payment.created_at)) {
+      // Nothing more is sent for this payment (ProviderAttempts.mayResend): lookups decide, as the reconciler's do.
+      const decided = await this.reconciler.decide(key);
+      if (decided) return decided.response;
+      throw paymentPending(payment.id);
+    }
     let outcome: ProviderOutcome | undefined;
     if (resumed) {
       outcome = await this.psp.findChargesByPayment(payment.id, { amountMinor: Number(payment.amount_minor), currency: payment.currency }).then(foundChargeOutcome, (err: unknown) => {
         if (err instanceof PspUnreachableError) return undefined;
         throw err;
       });
-    }
-    if (!outcome && payment.status === 'pending' && resumed && !this.attempts.mayResend(payment.created_at)) {
-      // Nothing more is sent for this payment (ProviderAttempts.mayResend): lookups decide, as the reconciler's do.
-      const decided = await this.reconciler.decide(key);
-      if (decided) return decided.response;
-      throw paymentPending(payment.id);
     }
     if (!outcome && payment.status === 'pending' && (!resumed || (await this.attempts.resending('payments', payment.id, key)))) {
       const result = await this.psp.createCharge(
@@ -139,7 +140,7 @@ export class PaymentsService {
       outcome = chargeOutcome(result);
     }
     if (!outcome && payment.status === 'pending') {
-      await this.attempts.gaveUp('payments', payment.id, key);
+      await this.attempts.gaveUp(payment.id, key);
       throw paymentPending(payment.id);
     }
     // A payment settled meanwhile (a webhook) is answered from its row by the settlement.

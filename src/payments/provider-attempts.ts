@@ -81,7 +81,7 @@ export class ProviderAttempts {
    * sent before this), then the lease is given back — in one transaction under the key's row lock, so no new
    * holder can raise the bound for its own attempts in between and see it lowered after.
    */
-  gaveUp(table: AttemptTable, id: string, key: LeasedKey): Promise<void> {
+  gaveUp(id: string, key: LeasedKey): Promise<void> {
     return this.db.transaction(async () => {
       if (!(await this.holds(key))) return;
       await this.db.query(

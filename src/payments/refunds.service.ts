@@ -93,18 +93,18 @@ export class RefundsService {
       `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [refundId],
     );
+    if (resumed && refund.status === 'pending' && !this.attempts.mayResend(refund.created_at)) {
+      // Nothing more is sent for this refund: lookups decide, as the reconciler's do.
+      const decided = await this.reconciler.decide(key);
+      if (decided) return decided.response;
+      throw paymentPending(refund.id, 'refund');
+    }
     let outcome: ProviderOutcome | undefined;
     if (resumed) {
       outcome = await this.psp.findRefundsByRefund(refund.id, { paymentId: refund.payment_id, amountMinor: Number(refund.amount_minor) }).then(foundRefundOutcome, (err: unknown) => {
         if (err instanceof PspUnreachableError) return undefined;
         throw err;
       });
-    }
-    if (!outcome && refund.status === 'pending' && resumed && !this.attempts.mayResend(refund.created_at)) {
-      // Nothing more is sent for this refund: lookups decide, as the reconciler's do.
-      const decided = await this.reconciler.decide(key);
-      if (decided) return decided.response;
-      throw paymentPending(refund.id, 'refund');
     }
     if (!outcome && refund.status === 'pending' && (!resumed || (await this.attempts.resending('refunds', refund.id, key)))) {
       const result = await this.psp.createRefund(
@@ -115,7 +115,7 @@ export class RefundsService {
       outcome = refundOutcome(result);
     }
     if (!outcome && refund.status === 'pending') {
-      await this.attempts.gaveUp('refunds', refund.id, key);
+      await this.attempts.gaveUp(refund.id, key);
       throw paymentPending(refund.id, 'refund');
     }
     // A refund settled meanwhile (a webhook) is answered from its row by the settlement.
