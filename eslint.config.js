@@ -19,7 +19,7 @@ export default tseslint.config(
   },
   {
     // supertest bodies and pg rows are `any` by nature; tests assert on them instead of typing them.
-    files: ['test/**/*.ts', 'src/**/*.spec.ts'],
+    files: ['test/**/*.ts', 'src/**/*.spec.ts', 'libs/**/*.spec.ts'],
     rules: {
       '@typescript-eslint/no-unsafe-member-access': 'off',
       '@typescript-eslint/no-unsafe-assignment': 'off',

@@ -2,19 +2,22 @@ import { type DynamicModule, Module } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD, HttpAdapterHost } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
+import { IdempotencyModule } from '#idempotency';
 import { LoggerModule } from 'nestjs-pino';
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ApiKeyGuard } from './common/api-key.guard.js';
 import { ProblemFilter } from './common/problem.filter.js';
-import type { AppConfig } from './config/app-config.js';
-import { ConfigModule } from './config/config.module.js';
+import { type AppConfig, LEASE_MARGIN_MS } from './config/app-config.js';
+import { APP_CONFIG, ConfigModule } from './config/config.module.js';
 import { DatabaseModule } from './database/database.module.js';
 import { typeormOptions } from './database/typeorm-options.js';
 import { HealthModule } from './health/health.module.js';
-import { IdempotencyModule } from './idempotency/idempotency.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
+import { Registry } from 'prom-client';
+import { toProblem } from './common/problem.filter.js';
+import { problemType } from './common/problem.js';
 import { OrdersModule } from './orders/orders.module.js';
 import { PaymentsModule } from './payments/payments.module.js';
 import { PspClientModule } from './psp-client/psp-client.module.js';
@@ -80,11 +83,27 @@ export class AppModule {
             poolWaitMs: config.databasePoolWaitMs,
           }),
         ),
+        // The Idempotency-Key layer: its transactions (Database), the claim and replay, the atomic phases.
+        IdempotencyModule.forRootAsync({
+          inject: [APP_CONFIG, Registry],
+          useFactory: (appConfig: AppConfig, registry: Registry) => ({
+            // ApiKeyGuard runs first and names the caller.
+            callerScope: (req) => (req as { clientId?: string }).clientId,
+            ttlSeconds: appConfig.idempotencyTtlSeconds,
+            waitMs: appConfig.idempotencyWaitMs,
+            leaseSeconds: appConfig.idempotencyLeaseSeconds,
+            leaseMarginMs: LEASE_MARGIN_MS,
+            replayCacheEntries: appConfig.idempotencyReplayCacheEntries,
+            preparedStatements: appConfig.databasePreparedStatements ?? true,
+            metrics: registry,
+            problemType,
+            renderError: toProblem,
+          }),
+        }),
         DatabaseModule,
         ScheduleModule.forRoot(),
         MetricsModule,
         HealthModule,
-        IdempotencyModule,
         OrdersModule,
         SubmitTokensModule,
         // The sandbox provider, in-process: on the embedded database, or on a real one when PSP_SANDBOX asks for it.

@@ -3,10 +3,9 @@
  * next one or the COMMIT) must mean exactly what sending them one by one means. On a real PostgreSQL.
  */
 import { DataSource } from 'typeorm';
-import { Database } from '../src/database/database.service';
-import { isCachedPlanInvalidated } from '../src/database/pg-errors';
+import { Database, isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency';
 import { typeormOptions } from '../src/database/typeorm-options';
-import { createTestDatabase, ignoreIdleErrors, testConfig } from './support/test-app';
+import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
 import { jest } from '@jest/globals';
 import { Client, Pool } from 'pg';
 
@@ -19,7 +18,7 @@ describe('Database: pipelined transactions', () => {
     database = await createTestDatabase();
     dataSource = new DataSource(typeormOptions(database.url, { poolSize: 2 }));
     await dataSource.initialize();
-    db = new Database(dataSource, testConfig(database.url, { IDEMPOTENCY_WAIT_MS: '2000' }));
+    db = new Database(dataSource, resolveIdempotencyOptions({ callerScope: () => 'test', waitMs: 2000 }));
     check = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
     await check.query(`CREATE TABLE pipeline_probe (id int PRIMARY KEY, note text)`);
   });
@@ -148,7 +147,7 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
   const open = async (env: Record<string, string> = {}) => {
     dataSource = new DataSource(typeormOptions(database.url, { poolSize: 1 }));
     await dataSource.initialize();
-    return new Database(dataSource, testConfig(database.url, env));
+    return new Database(dataSource, resolveIdempotencyOptions({ callerScope: () => 'test', preparedStatements: env.DATABASE_PREPARED_STATEMENTS !== 'false' }));
   };
   beforeEach(async () => {
     database = await createTestDatabase();

@@ -8,9 +8,7 @@ import { Client, Pool } from 'pg';
 import request from 'supertest';
 import { AppModule } from '../src/app.module';
 import { createHttpApp } from '../src/http-app';
-import { Idempotent } from '../src/idempotency/idempotent.decorator';
-import { IdempotencyKeyReaper } from '../src/idempotency/idempotency-key-reaper';
-import { fingerprintRequest } from '../src/idempotency/request-fingerprint';
+import { fingerprintRequest, IdempotencyKeyReaper, Idempotent } from '#idempotency';
 import { ALICE, BOB, bearer, createTestDatabase, startTestApp, testConfig, type TestApp } from './support/test-app';
 
 const order = (overrides: Record<string, unknown> = {}) => ({

@@ -6,7 +6,7 @@
 import { randomUUID } from 'node:crypto';
 import { Client } from 'pg';
 import request from 'supertest';
-import { fingerprintRequest } from '../src/idempotency/request-fingerprint';
+import { fingerprintRequest } from '#idempotency';
 import { type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase, ignoreIdleErrors } from './support/test-app';
 

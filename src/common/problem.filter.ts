@@ -1,7 +1,6 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
-import { PoolExhaustedError } from '../database/database.service.js';
-import { isCachedPlanInvalidated, isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation } from '../database/pg-errors.js';
+import { isCachedPlanInvalidated, isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation, PoolExhaustedError, problemOf } from '#idempotency';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
 /** Seconds to wait before retrying after a lock conflict or a full pool: long enough for most requests in the way to finish. */
@@ -11,14 +10,8 @@ const DATABASE_RETRY_AFTER_SECONDS = 5;
 
 /** Turns anything thrown into a problem and its headers. Shared by the filter and the idempotency layer, so a stored response is byte-identical to the one first sent. */
 export function toProblem(exception: unknown): { problem: Problem; headers: Record<string, string> } {
-  if (exception instanceof ProblemException) return { problem: exception.problem, headers: exception.headers };
-  if (exception instanceof HttpException) {
-    const status = exception.getStatus();
-    const response = exception.getResponse();
-    const message = typeof response === 'object' && response && 'message' in response ? response.message : response;
-    const detail = status < 500 && typeof message === 'string' ? message : undefined;
-    return { problem: plainProblem(status, detail), headers: {} };
-  }
+  // The Idempotency-Key layer's own problems, the service's, and Nest's HttpExceptions.
+  if (exception instanceof HttpException) return problemOf(exception);
   // Refusals of client input by Fastify or Node (a body over the limit, a malformed URL, a client that hung up
   // mid-body): they carry their 4xx status. Before the database checks: a client's ECONNRESET is not the
   // database's.

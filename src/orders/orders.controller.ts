@@ -28,8 +28,8 @@ import {
   VALIDATION_FAILED,
 } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { IdempotencyMetrics } from '../idempotency/idempotency-metrics.js';
-import { Idempotent } from '../idempotency/idempotent.decorator.js';
+import { IdempotencyMetrics } from '#idempotency';
+import { IdempotentEndpoint } from '../common/idempotent-endpoint.js';
 import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
 import { idempotencyKeyOrSubmitTokenMissing, submitTokenWithIdempotencyKey } from '../submit-tokens/submit-token-problems.js';
 import { SubmitTokensService } from '../submit-tokens/submit-tokens.service.js';
@@ -147,7 +147,7 @@ export class OrdersController {
   @UseGuards(IdempotencyKeyOrSubmitTokenGuard)
   // In this order, Swagger UI lists Idempotency-Key first: the header most callers send.
   @ApiSubmitToken()
-  @Idempotent({ required: false })
+  @IdempotentEndpoint({ required: false })
   @ApiOperation({
     summary: 'Create an order',
     description:
@@ -221,21 +221,21 @@ export class OrdersController {
   @Post(':id/cancel')
   @ApiTransition('cancelled', 'Cancel an order')
   // Already safe to repeat (the conditional UPDATE); a key also replays the first answer byte for byte.
-  @Idempotent({ required: false })
+  @IdempotentEndpoint({ required: false })
   cancelOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     return this.transitionOrder(clientId, id, 'cancelled', res);
   }
 
   @Post(':id/ship')
   @ApiTransition('shipped', 'Mark a paid order as shipped')
-  @Idempotent({ required: false })
+  @IdempotentEndpoint({ required: false })
   shipOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     return this.transitionOrder(clientId, id, 'shipped', res);
   }
 
   @Post(':id/deliver')
   @ApiTransition('delivered', 'Mark a shipped order as delivered')
-  @Idempotent({ required: false })
+  @IdempotentEndpoint({ required: false })
   deliverOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     return this.transitionOrder(clientId, id, 'delivered', res);
   }
@@ -256,7 +256,7 @@ export class OrdersController {
 
   @Patch(':id')
   // A retry after a lost answer replays the 200 and its ETag instead of a 412; the If-Match is part of the request the key is bound to.
-  @Idempotent({ required: false, boundHeaders: ['If-Match'] })
+  @IdempotentEndpoint({ required: false, boundHeaders: ['If-Match'] })
   @ApiOperation({
     summary: 'Change the shipping address and/or note',
     description:

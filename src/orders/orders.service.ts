@@ -1,9 +1,8 @@
 import { Injectable } from '@nestjs/common';
 import { createHash, randomBytes } from 'node:crypto';
 import { isUUID } from 'class-validator';
-import { canonicalJson } from '../common/canonical-json.js';
+import { canonicalJson, Database } from '#idempotency';
 import { ProblemException } from '../common/problem.js';
-import { Database } from '../database/database.service.js';
 import type { CreateOrderDto, OrderItemDto } from './dto/create-order.dto.js';
 import { DEFAULT_PAGE_SIZE, type ListOrdersQuery } from './dto/list-orders.query.js';
 import type { OrderPage, OrderView } from './dto/order.view.js';

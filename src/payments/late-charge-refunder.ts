@@ -1,7 +1,6 @@
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
-import { monotonicNow } from '../common/monotonic-clock.js';
+import { Database, monotonicNow } from '#idempotency';
 import { APP_CONFIG } from '../config/config.module.js';
-import { Database } from '../database/database.service.js';
 import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
 import { type PspCallResult, PspClient, type PspRefund } from '../psp-client/psp-client.js';
 import { PaymentMetrics } from './payment-metrics.js';

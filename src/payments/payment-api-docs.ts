@@ -1,8 +1,8 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse, type SchemaObject } from '@nestjs/swagger';
 import { ApiProblems, type ProblemExample } from '../common/api-problem-responses.js';
-import { IDEMPOTENCY_KEY_HEADER } from '../idempotency/idempotency-key-header.js';
-import { IDEMPOTENCY_KEY_EXAMPLES } from '../idempotency/idempotent.decorator.js';
+import { IDEMPOTENCY_KEY_HEADER } from '#idempotency';
+import { IDEMPOTENCY_KEY_EXAMPLES } from '../common/idempotent-endpoint.js';
 import { ORDER_STATUSES } from '../orders/order-status.js';
 import { PAYMENT_STATUSES } from './dto/payment.view.js';
 

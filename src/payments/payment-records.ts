@@ -1,5 +1,4 @@
-import type { StoredResponse } from '../idempotency/idempotency-keys.service.js';
-import { jsonResponse, problemResponse } from '../idempotency/stored-response.js';
+import { jsonResponse, problemResponse, type StoredResponse } from '#idempotency';
 import type { PaymentView } from './dto/payment.view.js';
 import type { RefundView } from './dto/refund.view.js';
 import type { PaymentStatus } from './payment.entity.js';

@@ -1,8 +1,5 @@
 import { Injectable, Logger } from '@nestjs/common';
-import { Database } from '../database/database.service.js';
-import { retryOnceOnDeadlock } from '../database/pg-errors.js';
-import { AtomicPhases } from '../idempotency/atomic-phases.js';
-import type { StoredResponse } from '../idempotency/idempotency-keys.service.js';
+import { AtomicPhases, Database, retryOnceOnDeadlock, type StoredResponse } from '#idempotency';
 import { OrdersService } from '../orders/orders.service.js';
 import { type FoundBy, LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';

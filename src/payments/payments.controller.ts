@@ -13,8 +13,7 @@ import {
   PROVIDER_UNAVAILABLE,
 } from './payment-api-docs.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { AtomicPhases } from '../idempotency/atomic-phases.js';
-import { writeStoredResponse } from '../idempotency/stored-response.js';
+import { AtomicPhases, writeStoredResponse } from '#idempotency';
 
 import { PayOrderDto } from './dto/pay-order.dto.js';
 import { PaymentList, PaymentView } from './dto/payment.view.js';

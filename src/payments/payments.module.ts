@@ -1,5 +1,4 @@
 import { Module } from '@nestjs/common';
-import { IdempotencyModule } from '../idempotency/idempotency.module.js';
 import { OrdersModule } from '../orders/orders.module.js';
 import { LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';
@@ -12,7 +11,7 @@ import { RefundsController } from './refunds.controller.js';
 import { RefundsService } from './refunds.service.js';
 
 @Module({
-  imports: [IdempotencyModule, OrdersModule],
+  imports: [OrdersModule],
   controllers: [PaymentsController, RefundsController],
   providers: [PaymentsService, RefundsService, PaymentSettlement, PaymentReconciler, PaymentMetrics, LateChargeRefunder, ProviderAttempts],
   exports: [PaymentSettlement, LateChargeRefunder],

@@ -13,8 +13,7 @@ import {
   REFUND_PENDING,
 } from './payment-api-docs.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { AtomicPhases } from '../idempotency/atomic-phases.js';
-import { writeStoredResponse } from '../idempotency/stored-response.js';
+import { AtomicPhases, writeStoredResponse } from '#idempotency';
 
 import { RefundPaymentDto } from './dto/refund-payment.dto.js';
 import { RefundList, RefundView } from './dto/refund.view.js';

@@ -1,10 +1,7 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
 import type { ProblemException } from '../common/problem.js';
-import { Database } from '../database/database.service.js';
-import { AtomicPhases, type LeasedKey } from '../idempotency/atomic-phases.js';
-import type { KeyScope, StoredResponse } from '../idempotency/idempotency-keys.service.js';
-import { problemResponse } from '../idempotency/stored-response.js';
+import { AtomicPhases, Database, type KeyScope, type LeasedKey, problemResponse, type StoredResponse } from '#idempotency';
 import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';

@@ -12,7 +12,7 @@ import {
   type TimeoutPolicy,
   wrap,
 } from 'cockatiel';
-import { monotonicNow } from '../common/monotonic-clock.js';
+import { monotonicNow } from '#idempotency';
 import { type AttemptResult, describeAttempt, isRetryable, judgeLookup, judgeWrite, lookupItems } from './attempt-result.js';
 import { type BreakerCheck, PspBreaker } from './psp-breaker.js';
 import { type PspCallOutcome, PspClientMetrics, type PspOperation } from './psp-client-metrics.js';

@@ -3,7 +3,8 @@ import { ApiCreatedResponse, ApiExtraModels, ApiHeader, ApiOkResponse, ApiOperat
 import type { FastifyReply as Response } from 'fastify';
 import { Public } from '../common/api-key.guard.js';
 import { ApiProblems } from '../common/api-problem-responses.js';
-import { parseIdempotencyKey } from '../idempotency/idempotency-key-header.js';
+import { parseIdempotencyKey } from '#idempotency';
+import { problemType } from '../common/problem.js';
 import { CreateChargeDto } from './dto/create-charge.dto.js';
 import { CreateRefundDto } from './dto/create-refund.dto.js';
 import { FindChargesQuery } from './dto/find-charges.query.js';
@@ -35,7 +36,7 @@ const REPLAYED = { 'Idempotent-Replayed': { description: 'true when this is the 
 
 function idempotencyKey(raw: string | string[] | undefined): string {
   if (raw === undefined) throw keyMissing();
-  return parseIdempotencyKey(raw);
+  return parseIdempotencyKey(raw, problemType);
 }
 
 /** Aborts when the client hangs up before its answer was sent: a held-back answer then ends at once. */

@@ -1,7 +1,6 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Interval } from '@nestjs/schedule';
-import { Database } from '../database/database.service.js';
-import { deleteInBatches } from '../database/delete-in-batches.js';
+import { Database, deleteInBatches } from '#idempotency';
 
 /**
  * How long a processed event is remembered. Standard Webhooks providers stop redelivering after a

@@ -1,15 +1,12 @@
 import { Inject, Injectable, Logger } from '@nestjs/common';
-import type { FastifyRequest as Request } from 'fastify';
-import { monotonicNow } from '../common/monotonic-clock.js';
-import { ProblemException } from '../common/problem.js';
-import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
-import { APP_CONFIG } from '../config/config.module.js';
-import { Database } from '../database/database.service.js';
-import { PG, pgErrorCode } from '../database/pg-errors.js';
+import { Database } from './database.js';
 import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
-import { parseIdempotencyKey } from './idempotency-key-header.js';
-import { keyInUse, keyMissing, keyReused, keyScopeOf } from './idempotency-problems.js';
+import { IDEMPOTENCY_OPTIONS, type IdempotentRequest, type ResolvedIdempotencyOptions } from './idempotency-options.js';
+import { IdempotencyProblems } from './idempotency-problems.js';
 import type { KeyScope, StoredResponse } from './idempotency-keys.service.js';
+import { monotonicNow } from './monotonic-clock.js';
+import { PG, pgErrorCode } from './pg-errors.js';
+import type { ProblemDetailsException } from './problem-details.js';
 
 /**
  * A phased key's lease, as its holder knows it. Every later write of the holder names
@@ -123,17 +120,18 @@ export class AtomicPhases {
   constructor(
     private readonly db: Database,
     private readonly metrics: IdempotencyMetrics,
-    @Inject(APP_CONFIG) private readonly config: AppConfig,
+    private readonly problems: IdempotencyProblems,
+    @Inject(IDEMPOTENCY_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
   ) {}
 
   /** The request's key, scoped to its client and bound to its fingerprint; a missing key is a 400 (nothing runs). */
-  scopeOf(req: Request): KeyScope {
+  scopeOf(req: IdempotentRequest): KeyScope {
     const raw = req.headers['idempotency-key'];
     if (raw === undefined) {
-      this.metrics.note('missing', req.clientId, undefined);
-      throw keyMissing();
+      this.metrics.note('missing', this.options.callerScope(req), undefined);
+      throw this.problems.keyMissing();
     }
-    return keyScopeOf(req, parseIdempotencyKey(raw));
+    return this.problems.scopeOf(req, raw);
   }
 
   /**
@@ -142,7 +140,7 @@ export class AtomicPhases {
    * them, leaving the key free).
    */
   async acquire(scope: KeyScope): Promise<Acquired> {
-    const lease = this.config.idempotencyLeaseSeconds;
+    const lease = this.options.leaseSeconds;
     for (let round = 0; round < 3; round++) {
       const [claimed] = await this.lockTimeoutIsConflict(scope, () =>
         this.db.query<LeaseRow>(CLAIM_PHASED_KEY, [
@@ -166,7 +164,7 @@ export class AtomicPhases {
       if (!row) continue; // reaped meanwhile: claim it afresh
       if (row.fingerprint !== scope.fingerprint) {
         this.note('mismatch', scope);
-        throw keyReused();
+        throw this.problems.keyReused();
       }
       if (row.state === 'completed') {
         if (!row.expired) {
@@ -180,7 +178,7 @@ export class AtomicPhases {
       // A live holder: answer 409. A key only set aside (no holder) is this request's to resume.
       if (row.leased && row.lease_token !== null) {
         this.note('conflict', scope);
-        throw leaseHeld(Math.min(IN_FLIGHT_RETRY_AFTER_SECONDS, Math.max(1, Number(row.lease_seconds_left ?? 1))));
+        throw this.leaseHeld(Math.min(IN_FLIGHT_RETRY_AFTER_SECONDS, Math.max(1, Number(row.lease_seconds_left ?? 1))));
       }
       const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, lease, true]);
       if (taken) {
@@ -190,7 +188,7 @@ export class AtomicPhases {
       }
     }
     this.note('conflict', scope);
-    throw leaseHeld(1);
+    throw this.leaseHeld(1);
   }
 
   /**
@@ -205,14 +203,14 @@ export class AtomicPhases {
                       WHERE state = 'in_progress' AND locked_until <= clock_timestamp() AND recovery_point = ANY($1::text[])
                       ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED)
        RETURNING ${LEASE_COLUMNS}`,
-      [recoveryPoints, limit, this.config.idempotencyLeaseSeconds],
+      [recoveryPoints, limit, this.options.leaseSeconds],
     );
     return rows.map((r) => this.leased(r));
   }
 
   /** Takes over one unfinished key whose lease has run out (a stale payment found by another request); undefined when it is still leased or finished. */
   async takeOverLease(keyId: string): Promise<LeasedKey | undefined> {
-    const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.config.idempotencyLeaseSeconds, false]);
+    const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.options.leaseSeconds, false]);
     return taken && this.leased(taken);
   }
 
@@ -267,7 +265,7 @@ export class AtomicPhases {
               response_body = $4, completed_at = now(), expires_at = now() + make_interval(secs => $5),
               locked_until = NULL, lease_token = NULL
         WHERE id = $1 AND state = 'in_progress'`,
-      [keyId, response.status, response.headers, response.body, this.config.idempotencyTtlSeconds],
+      [keyId, response.status, response.headers, response.body, this.options.ttlSeconds],
     );
   }
 
@@ -284,7 +282,7 @@ export class AtomicPhases {
   }
 
   /**
-   * Stop calling out LEASE_MARGIN_MS before the lease ends: a retry or the reconciler may take the key
+   * Stop calling out `leaseMarginMs` before the lease ends: a retry or the reconciler may take the key
    * over the moment it ends, and the holder's last write (phase 3) must land before that.
    */
   private leased(row: LeaseRow): LeasedKey {
@@ -292,7 +290,7 @@ export class AtomicPhases {
       id: row.id,
       leaseToken: row.lease_token,
       recoveryPoint: row.recovery_point,
-      deadline: monotonicNow() + row.lease_ms_left - LEASE_MARGIN_MS,
+      deadline: monotonicNow() + row.lease_ms_left - this.options.leaseMarginMs,
     };
   }
 
@@ -303,18 +301,18 @@ export class AtomicPhases {
     } catch (err) {
       if (pgErrorCode(err) !== PG.lockNotAvailable) throw err;
       this.note('conflict', scope);
-      throw leaseHeld(1);
+      throw this.leaseHeld(1);
     }
   }
 
   private note(outcome: IdempotencyOutcome, scope: KeyScope): void {
     this.metrics.note(outcome, scope.clientId, scope.key);
   }
-}
 
-function leaseHeld(retryAfterSeconds: number): ProblemException {
-  return keyInUse(
-    `A request with this key is still being processed. Retry after ${retryAfterSeconds} s: if it has not finished by then, the retry resumes it.`,
-    retryAfterSeconds,
-  );
+  private leaseHeld(retryAfterSeconds: number): ProblemDetailsException {
+    return this.problems.keyInUse(
+      `A request with this key is still being processed. Retry after ${retryAfterSeconds} s: if it has not finished by then, the retry resumes it.`,
+      retryAfterSeconds,
+    );
+  }
 }

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { canonicalJson } from '../common/canonical-json.js';
+import { canonicalJson } from './canonical-json.js';
 
 /** Paths name one endpoint however they are spelled: routes ignore case and a trailing slash (http-app.ts). */
 export function normalisePath(path: string): string {

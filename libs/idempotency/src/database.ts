@@ -1,12 +1,11 @@
-import { Inject, Injectable, Logger, type OnApplicationBootstrap } from '@nestjs/common';
+import { Inject, Injectable, Logger } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Pool, PoolClient, QueryConfig } from 'pg';
-import { DataSource } from 'typeorm';
+import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type Repository } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
-import type { AppConfig } from '../config/app-config.js';
-import { APP_CONFIG } from '../config/config.module.js';
+import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 import { isCachedPlanInvalidated, isDatabaseUnavailable } from './pg-errors.js';
-import { poolerSuspicion } from './pooler-check.js';
+import { guardEscapingWrites, joinedQueryRunner } from './typeorm-transaction.js';
 
 /**
  * How many distinct statement texts get a name (a server-side prepared statement on each
@@ -60,18 +59,15 @@ export interface TransactionSettings {
   preparedStatements: boolean;
 }
 
-/** What Database reads of the service's configuration. */
-export type DatabaseSettingsConfig = Pick<AppConfig, 'databaseUrl' | 'idempotencyWaitMs' | 'databasePreparedStatements'>;
-
-export function transactionSettings(config: DatabaseSettingsConfig): TransactionSettings {
+export function transactionSettings(options: Pick<ResolvedIdempotencyOptions, 'waitMs' | 'preparedStatements'>): TransactionSettings {
   return {
     // lock_timeout 0 would mean "wait forever": a zero wait is the shortest one PostgreSQL can do.
-    lockTimeoutMs: Math.max(config.idempotencyWaitMs, 1),
+    lockTimeoutMs: Math.max(options.waitMs, 1),
     // 30 s: far past any request's own budget; only a runaway statement reaches it.
     statementTimeoutMs: 30_000,
     // 60 s: a transaction left open by a stuck process stops holding its row locks.
     idleInTransactionTimeoutMs: 60_000,
-    preparedStatements: config.databasePreparedStatements ?? true,
+    preparedStatements: options.preparedStatements,
   };
 }
 
@@ -108,15 +104,21 @@ interface OpenTransaction {
   sent: number;
   /** Sent, in order, in the same write as the next statement (or the COMMIT). */
   deferred: Deferred[];
+  /** TypeORM's view of this transaction, made on first use of `manager` (see typeorm-transaction.ts). */
+  manager?: EntityManager;
+  /** Ends TypeORM's view when the transaction ends: a manager kept past it fails loudly instead of writing outside it. */
+  closeManager?: () => void;
 }
 
 const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
 
 /**
- * SQL in the current transaction. `transaction(fn)` opens one and every `query` made while `fn`
- * runs — in this service or any other — joins it, so an interceptor can claim an idempotency key,
- * let the handler write, and record the response in ONE commit. A `query` outside one is a
- * transaction of its own (BEGIN, the statement and COMMIT in one write).
+ * The current transaction. `transaction(fn)` opens one and every `query`, and every repository of
+ * `manager`, used while `fn` runs — in this service or any other — joins it, so an interceptor can
+ * claim an idempotency key, let the handler write, and record the response in ONE commit. A `query`
+ * outside one is a transaction of its own (BEGIN, the statement and COMMIT in one write). A write
+ * through TypeORM's other connections while one is open (an injected repository, the DataSource's
+ * manager) would commit on its own, outside it: it is refused (see typeorm-transaction.ts).
  *
  * Round trips are the cost that matters on a small machine (each is a write to the socket and a
  * wake-up of a PostgreSQL backend), so a transaction sends what it can together, over a pipelined
@@ -129,12 +131,11 @@ const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
  * batch's first error is the one thrown (the statements after it fail only because it aborted the
  * transaction). Nothing is left on a server connection between transactions, so a transaction
  * pooler (PgBouncer in transaction mode) can hand it to another client: with named statements off
- * (DATABASE_PREPARED_STATEMENTS=false), not even a prepared statement.
+ * (`preparedStatements: false`), not even a prepared statement.
  *
- * It talks to TypeORM's own `pg` pool directly: the hot path is hand-written SQL, and TypeORM's
- * QueryRunner per statement costs CPU the 2-core benchmark machine shares with PostgreSQL.
- * (@nestjs-cls/transactional would carry the transaction too, but it is CommonJS that
- * require()s the ESM-only Nest 12, which Jest cannot load on Node 20.)
+ * It talks to TypeORM's own `pg` pool directly and carries the transaction itself: hand-written SQL
+ * through TypeORM's QueryRunner costs a round trip per statement, and @nestjs-cls/transactional,
+ * which would carry it too, is CommonJS that require()s the ESM-only Nest 12 (Jest cannot load it on Node 20).
  *
  * A database restart must not take the process down: pg emits 'error' on a checked-out client
  * whose server goes away between two queries, and pg-pool listens only while the client is idle
@@ -142,7 +143,7 @@ const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
  * its own, and a client whose connection broke is released with the error, so the pool drops it.
  */
 @Injectable()
-export class Database implements OnApplicationBootstrap {
+export class Database {
   private readonly logger = new Logger('Database');
   private readonly current = new AsyncLocalStorage<OpenTransaction>();
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
@@ -155,26 +156,50 @@ export class Database implements OnApplicationBootstrap {
 
   constructor(
     private readonly dataSource: DataSource,
-    @Inject(APP_CONFIG) private readonly config: DatabaseSettingsConfig,
+    @Inject(IDEMPOTENCY_OPTIONS) options: ResolvedIdempotencyOptions,
   ) {
-    this.settings = transactionSettings(config);
+    this.settings = transactionSettings(options);
     this.begin = { sql: beginStatement(this.settings), params: [] };
     this.statement = this.settings.preparedStatements ? namedStatement : unnamedStatement;
+    guardEscapingWrites(dataSource, () => this.current.getStore() !== undefined, options.escapingWrites);
+    // Without it pg holds each statement of a batch back until the one before has answered: still correct, one round trip each.
+    if ((dataSource.options as { extra?: { pipeline?: unknown } }).extra?.pipeline !== true) {
+      this.logger.warn("TypeORM's `extra: { pipeline: true }` is not set: each statement of a transaction waits for the one before it");
+    }
+  }
+
+  /**
+   * TypeORM in the current transaction: repositories and query builders of this manager run on the
+   * transaction's connection, between the claim and the recorded answer, and commit (or roll back)
+   * with them. Outside a transaction, the DataSource's own manager.
+   */
+  get manager(): EntityManager {
+    const open = this.current.getStore();
+    if (!open) return this.dataSource.manager;
+    if (!open.manager) {
+      const { runner, close } = joinedQueryRunner(this.dataSource, open.client, () => this.flush(open));
+      open.manager = runner.manager;
+      open.closeManager = close;
+    }
+    return open.manager;
+  }
+
+  /** `manager.getRepository(target)`: the entity's repository in the current transaction. */
+  getRepository<Entity extends ObjectLiteral>(target: EntityTarget<Entity>): Repository<Entity> {
+    return this.manager.getRepository(target);
+  }
+
+  /**
+   * Sends what is queued (BEGIN, deferred statements) ahead of a statement that does not go through
+   * `query`, in order: TypeORM's statements share the connection, so a SAVEPOINT queued before them must reach it first.
+   */
+  private flush(open: OpenTransaction): Promise<unknown> | undefined {
+    if (open.begun && open.deferred.length === 0) return undefined;
+    return this.send(open, this.takeDeferred(open));
   }
 
   private get pool(): Pool {
     return (this.dataSource.driver as PostgresDriver).master as Pool;
-  }
-
-  /**
-   * Refuses to start when named statements were left at their default and the server that answers
-   * is not the one DATABASE_URL names (a pooler in between, most likely): the choice must be made.
-   */
-  async onApplicationBootstrap(): Promise<void> {
-    if (this.config.databasePreparedStatements !== undefined || !this.config.databaseUrl) return;
-    const [{ port }] = await this.query<{ port: number | null }>('SELECT inet_server_port() AS port');
-    const suspicion = poolerSuspicion(this.config.databaseUrl, port);
-    if (suspicion) throw suspicion;
   }
 
   /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
@@ -321,7 +346,7 @@ export class Database implements OnApplicationBootstrap {
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
     return this.inTransaction(async (open) => {
-      const result = await this.current.run(open, fn);
+      const result = await this.current.run(open, fn).finally(() => open.closeManager?.());
       // Nothing sent and nothing queued: there is no transaction to end.
       if (open.begun || open.deferred.length > 0) {
         await this.send(open, [...this.takeDeferred(open), COMMIT]);

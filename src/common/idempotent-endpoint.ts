@@ -1,16 +1,7 @@
-import { applyDecorators, SetMetadata } from '@nestjs/common';
+import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse } from '@nestjs/swagger';
-import { ApiProblems } from '../common/api-problem-responses.js';
-import { IDEMPOTENCY_KEY_HEADER } from './idempotency-key-header.js';
-
-export const IDEMPOTENT = Symbol('idempotent');
-
-export interface IdempotentOptions {
-  /** Missing key → 400. Otherwise a request without a key runs as it would without this decorator. */
-  required: boolean;
-  /** Request headers that are part of what the key is bound to, like the body (`If-Match` on a PATCH). */
-  boundHeaders?: readonly string[];
-}
+import { IDEMPOTENCY_KEY_HEADER, Idempotent, type IdempotentOptions } from '#idempotency';
+import { ApiProblems } from './api-problem-responses.js';
 
 /** The Idempotency-Key problems as the OpenAPI document shows them; the phased (payment) endpoints document the same ones. */
 export const IDEMPOTENCY_KEY_EXAMPLES = {
@@ -22,14 +13,10 @@ export const IDEMPOTENCY_KEY_EXAMPLES = {
 
 const ttlNote = 'Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client.';
 
-/**
- * Makes a POST or PATCH safe to retry under an Idempotency-Key: the first request runs and
- * its response is stored in the same transaction as its writes; a retry with the same key gets
- * that response again (`Idempotent-Replayed: true`), never a second execution.
- */
-export function Idempotent(options: IdempotentOptions = { required: true }) {
+/** @Idempotent() (the layer) and what the OpenAPI document says of it: the header, the replay marker, the key's problems. */
+export function IdempotentEndpoint(options: IdempotentOptions = { required: true }) {
   return applyDecorators(
-    SetMetadata(IDEMPOTENT, options),
+    Idempotent(options),
     ApiHeader({
       name: IDEMPOTENCY_KEY_HEADER,
       required: options.required,

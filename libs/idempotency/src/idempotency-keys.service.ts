@@ -1,7 +1,6 @@
 import { Inject, Injectable } from '@nestjs/common';
-import { APP_CONFIG } from '../config/config.module.js';
-import type { AppConfig } from '../config/app-config.js';
-import { Database } from '../database/database.service.js';
+import { Database } from './database.js';
+import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 
 export interface KeyScope {
   clientId: string;
@@ -105,13 +104,13 @@ const MAX_CLAIM_ROUNDS = 3;
 export class IdempotencyKeysService {
   constructor(
     private readonly db: Database,
-    @Inject(APP_CONFIG) private readonly config: AppConfig,
+    @Inject(IDEMPOTENCY_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
   ) {}
 
   /**
    * Must run inside the transaction that will also hold the handler's writes and the response.
    * `lockWaitMs`: what is left of this request's wait for a request in flight with the same key
-   * (the transaction's lock_timeout, IDEMPOTENCY_WAIT_MS, when not given). It bounds the claim's lock
+   * (the transaction's lock_timeout, the `waitMs` option, when not given). It bounds the claim's lock
    * waits only; the handler's own lock waits keep the transaction's lock_timeout.
    */
   async claimKey(scope: KeyScope, lockWaitMs?: number): Promise<Claim> {
@@ -124,7 +123,7 @@ export class IdempotencyKeysService {
   }
 
   private async claim(scope: KeyScope): Promise<Claim> {
-    const params = [scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path, this.config.idempotencyTtlSeconds];
+    const params = [scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path, this.options.ttlSeconds];
     const rows = await this.db.query<KeyRow>(CLAIM_KEY, params);
     const mine = rows.find((r) => r.claimed);
     if (mine) return { kind: 'claimed', id: mine.id };

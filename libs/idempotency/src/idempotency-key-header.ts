@@ -1,5 +1,5 @@
 import { parseItem } from 'structured-headers';
-import { ProblemException } from '../common/problem.js';
+import { ProblemDetailsException } from './problem-details.js';
 
 export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
 const MAX_KEY_LENGTH = 255;
@@ -7,8 +7,11 @@ const MAX_KEY_LENGTH = 255;
 /** 1–255 visible ASCII characters (no space), in either form. */
 const VISIBLE_ASCII_KEY = /^[\x21-\x7E]{1,255}$/;
 
-function malformedKey(detail: string): ProblemException {
-  return ProblemException.of(400, 'idempotency-key-malformed', 'Idempotency-Key is malformed', detail);
+/** The `type` of a problem the layer raises, from its slug, when the app names none (IdempotencyModuleOptions.problemType). */
+export const defaultProblemType = (slug: string): string => `urn:idempotency:problem:${slug}`;
+
+function malformed(problemType: (slug: string) => string, detail: string): ProblemDetailsException {
+  return new ProblemDetailsException({ type: problemType('idempotency-key-malformed'), title: 'Idempotency-Key is malformed', status: 400, detail });
 }
 
 /**
@@ -19,7 +22,8 @@ function malformedKey(detail: string): ProblemException {
  * `a,b` is what a proxy makes of two Idempotency-Key headers merged into one; quoted, a comma is
  * part of one string.
  */
-export function parseIdempotencyKey(raw: string | string[]): string {
+export function parseIdempotencyKey(raw: string | string[], problemType: (slug: string) => string = defaultProblemType): string {
+  const malformedKey = (detail: string) => malformed(problemType, detail);
   if (Array.isArray(raw)) throw malformedKey('Send exactly one Idempotency-Key header.');
   const value = raw.trim();
   if (value.startsWith('"')) {

@@ -1,0 +1,90 @@
+import { ConfigurableModuleBuilder, type HttpException } from '@nestjs/common';
+import type { Registry } from 'prom-client';
+import type { Problem } from './problem-details.js';
+
+/** What a request looks like to the layer, on Express or Fastify alike. */
+export interface IdempotentRequest {
+  method: string;
+  originalUrl: string;
+  headers: Record<string, string | string[] | undefined>;
+  body?: unknown;
+}
+
+/** What happens to a write sent on another connection while a transaction of the layer is open (see docs/use-it-in-your-app.md). */
+export type EscapingWrites = 'refuse' | 'log';
+
+export interface IdempotencyModuleOptions {
+  /**
+   * Who is calling: keys are scoped to it, so two callers may use the same key for different
+   * requests. Return undefined when the caller is unknown: the request is refused (401), since a
+   * key nobody owns would let one caller replay another's answer.
+   */
+  callerScope: (request: IdempotentRequest) => string | undefined;
+  /** How long a completed key is remembered (and replayed). Default 24 h. */
+  ttlSeconds?: number;
+  /** How long a duplicate waits for the request in flight with its key before a 409 + Retry-After. Default 5 s. */
+  waitMs?: number;
+  /** A phased key's lease (AtomicPhases): how long its holder owns it before a retry may take it over. Default 60 s. */
+  leaseSeconds?: number;
+  /** A lease holder stops calling out this long before its lease ends, so its last write lands inside it. Default 2 s. */
+  leaseMarginMs?: number;
+  /** Completed keys whose answers are kept in memory for their next replays; 0 turns the cache off. Default 10 000. */
+  replayCacheEntries?: number;
+  /** Response headers stored with an answer and sent again on replay (lower-case). Never Set-Cookie. */
+  replayedHeaders?: readonly string[];
+  /** A Prometheus registry for the layer's metrics, or false for none. Default none. */
+  metrics?: Registry | false;
+  /** Delete expired keys once a minute (off when several apps share one table and another reaps). Default true. */
+  reaper?: boolean;
+  /** Named (server-side prepared) statements: set false behind a transaction pooler that cannot keep them. Default true. */
+  preparedStatements?: boolean;
+  /** Default 'refuse', or 'log' when NODE_ENV is production: a refused write is better than a silent double effect, but not in production. */
+  escapingWrites?: EscapingWrites;
+  /** The `type` of the layer's own problems, by their slug (`idempotency-key-missing`, …). Default `urn:idempotency:problem:<slug>`. */
+  problemType?: (slug: string) => string;
+  /**
+   * How a business error a handler threw (402, 404, 409, 410, 422) is stored and sent: the same
+   * bytes first and on every replay. Default: a problem+json of the exception (its own problem when
+   * it is a ProblemDetailsException).
+   */
+  renderError?: (error: HttpException) => { problem: Problem; headers: Record<string, string> };
+}
+
+/** The options with every default filled in: what the layer's services read. */
+export interface ResolvedIdempotencyOptions extends Required<Omit<IdempotencyModuleOptions, 'metrics' | 'renderError'>> {
+  metrics: Registry | false;
+  renderError?: IdempotencyModuleOptions['renderError'];
+}
+
+export const DEFAULT_REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'retry-after'] as const;
+
+export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {
+  if (typeof options.callerScope !== 'function') throw new Error('IdempotencyModule: callerScope (request → caller id) is required');
+  return {
+    callerScope: options.callerScope,
+    ttlSeconds: options.ttlSeconds ?? 86_400,
+    waitMs: options.waitMs ?? 5_000,
+    leaseSeconds: options.leaseSeconds ?? 60,
+    leaseMarginMs: options.leaseMarginMs ?? 2_000,
+    replayCacheEntries: options.replayCacheEntries ?? 10_000,
+    replayedHeaders: (options.replayedHeaders ?? DEFAULT_REPLAYED_HEADERS).map((h) => h.toLowerCase()).filter((h) => h !== 'set-cookie'),
+    metrics: options.metrics ?? false,
+    reaper: options.reaper ?? true,
+    preparedStatements: options.preparedStatements ?? true,
+    escapingWrites: options.escapingWrites ?? (process.env.NODE_ENV === 'production' ? 'log' : 'refuse'),
+    problemType: options.problemType ?? ((slug) => `urn:idempotency:problem:${slug}`),
+    renderError: options.renderError,
+  };
+}
+
+export const {
+  ConfigurableModuleClass: ConfigurableIdempotencyModule,
+  MODULE_OPTIONS_TOKEN: IDEMPOTENCY_MODULE_OPTIONS,
+} = new ConfigurableModuleBuilder<IdempotencyModuleOptions>()
+  .setClassMethodName('forRoot')
+  // Global by default, as TypeOrmModule.forRoot is: every module with an @Idempotent() route needs the layer's providers, and there is one layer per app.
+  .setExtras({ isGlobal: true }, (definition, extras) => ({ ...definition, global: extras.isGlobal }))
+  .build();
+
+/** The resolved options, as every service of the layer injects them. */
+export const IDEMPOTENCY_OPTIONS = Symbol('IDEMPOTENCY_OPTIONS');
