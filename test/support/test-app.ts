@@ -57,16 +57,19 @@ async function ensureTemplate(adminUrl: string, runId: string): Promise<void> {
 }
 
 /** A fresh database cloned from the migrated template: each test file has its own. */
-export async function createTestDatabase(): Promise<{ url: string; drop(): Promise<void> }> {
+/** A database of this run, migrated for the service (from the template), or `empty` for an app with migrations of its own. */
+export async function createTestDatabase({ empty = false } = {}): Promise<{ url: string; drop(): Promise<void> }> {
   const adminUrl = env('TEST_ADMIN_URL');
   const runId = env('TEST_RUN_ID');
-  template ??= ensureTemplate(adminUrl, runId);
-  await template;
+  if (!empty) {
+    template ??= ensureTemplate(adminUrl, runId);
+    await template;
+  }
   const name = `${testDatabasePrefix(runId)}${process.pid}_${++databases}_${Math.random().toString(36).slice(2, 8)}`;
   const admin = ignoreIdleErrors(new Client({ connectionString: adminUrl }));
   await admin.connect();
   try {
-    await admin.query(`CREATE DATABASE ${name} TEMPLATE ${templateDatabase(runId)}`);
+    await admin.query(`CREATE DATABASE ${name} TEMPLATE ${empty ? 'template0' : templateDatabase(runId)}`);
   } finally {
     await admin.end();
   }
