@@ -30,6 +30,9 @@ async function until(check: () => Promise<boolean>, what: string, deadlineMs = 5
 const LOCK_WAITERS = `SELECT count(*)::int AS n FROM pg_stat_activity
   WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`;
 
+/** What a request in flight holds of its key until it commits: the key's transaction-scoped advisory lock. */
+const HOLD_KEY = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`;
+
 /** A transaction of the test's own, holding what a request will need until the test says so. */
 async function openHolder(databaseUrl: string): Promise<Client> {
   const holder = new Client({ connectionString: databaseUrl });
@@ -329,14 +332,21 @@ describe('Idempotency-Key on POST /orders', () => {
 
   describe('while another request holds the key (its transaction still open)', () => {
     let holder: Client;
-    const hold = async (key: string, body: unknown) => {
+    const hold = async (key: string) => {
       holder = await openHolder(t.databaseUrl);
-      // Exactly what an in-flight request has done: claimed the key, not yet committed.
+      // Exactly what an in-flight request has done: taken the key's lock, written nothing yet.
+      await holder.query(HOLD_KEY, ['alice', key]);
+    };
+    /** What the in-flight request commits: the key's row, completed with its answer. */
+    const completeHeld = async (key: string, body: unknown) => {
       await holder.query(
-        `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
-         VALUES ('alice', $1, $2, 'POST', '/orders', now() + interval '1 day')`,
+        `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, state, response_status, completed_at,
+                                       response_headers, response_body, expires_at)
+         VALUES ('alice', $1, $2, 'POST', '/orders', 'completed', 201, now(),
+                 '{"content-type":"application/json; charset=utf-8"}', '{"stored":true}', now() + interval '1 day')`,
         [key, fingerprintRequest('POST', '/orders', body)],
       );
+      await holder.query('COMMIT');
     };
     const waitingOnLock = () => until(async () => (await count(LOCK_WAITERS)) > 0, 'a request waits on the key');
     afterEach(async () => {
@@ -346,17 +356,11 @@ describe('Idempotency-Key on POST /orders', () => {
     it('a duplicate waits, then replays what the first request committed', async () => {
       const key = randomUUID();
       const body = order({ note: 'held' });
-      await hold(key, body);
+      await hold(key);
       const before = await metric('waited');
       const pending = post(key, body).then((r) => r);
       await waitingOnLock();
-      await holder.query(
-        `UPDATE idempotency_keys SET state = 'completed', response_status = 201, completed_at = now(),
-           response_headers = '{"content-type":"application/json; charset=utf-8"}', response_body = '{"stored":true}'
-         WHERE key = $1`,
-        [key],
-      );
-      await holder.query('COMMIT');
+      await completeHeld(key, body);
       const res = await pending;
       expect(res.status).toBe(201);
       expect(res.text).toBe('{"stored":true}');
@@ -369,7 +373,7 @@ describe('Idempotency-Key on POST /orders', () => {
     it('when the first request dies, the duplicate takes the key over and runs: no stuck key', async () => {
       const key = randomUUID();
       const body = order({ note: 'orphaned' });
-      await hold(key, body);
+      await hold(key);
       const pending = post(key, body).then((r) => r);
       await waitingOnLock();
       // The holder's connection drops mid-transaction, as when its process is killed.
@@ -379,6 +383,33 @@ describe('Idempotency-Key on POST /orders', () => {
       expect(res.headers['idempotent-replayed']).toBeUndefined();
       expect(await ordersWithNote('orphaned')).toBe(1);
       expect((await keyRows(key)).rows).toEqual([{ client_id: 'alice', state: 'completed', response_status: 201 }]);
+    });
+
+    it('a key an older build claimed the old way (its row inserted, uncommitted): the duplicate never commits a second effect, and replays', async () => {
+      const key = randomUUID();
+      const body = order({ note: 'old-build' });
+      holder = await openHolder(t.databaseUrl);
+      // An older process's claim during a rolling deploy: it inserts the row first and takes no advisory lock.
+      await holder.query(
+        `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
+         VALUES ('alice', $1, $2, 'POST', '/orders', now() + interval '1 day')`,
+        [key, fingerprintRequest('POST', '/orders', body)],
+      );
+      const pending = post(key, body).then((r) => r);
+      // The duplicate ran its handler; its key row waits on the old claim's uncommitted one.
+      await waitingOnLock();
+      await holder.query(
+        `UPDATE idempotency_keys SET state = 'completed', response_status = 201, completed_at = now(),
+           response_headers = '{"content-type":"application/json; charset=utf-8"}', response_body = '{"stored":true}'
+         WHERE key = $1`,
+        [key],
+      );
+      await holder.query('COMMIT');
+      const res = await pending;
+      expect(res.status).toBe(201);
+      expect(res.text).toBe('{"stored":true}');
+      expect(res.headers['idempotent-replayed']).toBe('true');
+      expect(await ordersWithNote('old-build')).toBe(0);
     });
   });
 
@@ -422,11 +453,11 @@ describe('Idempotency-Key on POST /orders', () => {
   });
 
   it('an error response never carries the Location or ETag of a write that was rolled back (record or commit failed)', async () => {
-    // Recording the response fails for one key, and the commit fails for another (a deferred check).
+    // Recording the response (the key row's insert, or its update after a take-over) fails for one key, and the commit fails for another (a deferred check).
     await t.db.query(`CREATE FUNCTION refuse_key() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused %', NEW.key; END $$`);
-    await t.db.query(`CREATE TRIGGER refuse_record BEFORE UPDATE ON idempotency_keys FOR EACH ROW WHEN (NEW.key LIKE 'fail-record-%' AND NEW.state = 'completed') EXECUTE FUNCTION refuse_key()`);
+    await t.db.query(`CREATE TRIGGER refuse_record BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH ROW WHEN (NEW.key LIKE 'fail-record-%' AND NEW.state = 'completed') EXECUTE FUNCTION refuse_key()`);
     await t.db.query(
-      `CREATE CONSTRAINT TRIGGER refuse_commit AFTER UPDATE ON idempotency_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.key LIKE 'fail-commit-%') EXECUTE FUNCTION refuse_key()`,
+      `CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT OR UPDATE ON idempotency_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.key LIKE 'fail-commit-%') EXECUTE FUNCTION refuse_key()`,
     );
     try {
       for (const key of [`fail-record-${randomUUID()}`, `fail-commit-${randomUUID()}`]) {
@@ -644,16 +675,12 @@ describe('Idempotency-Key: replayed headers and the bound on waiting (test-only 
     }
   });
 
-  it('a duplicate waiting on another instance\'s uncommitted key gets 409 + Retry-After at IDEMPOTENCY_WAIT_MS, and nothing runs', async () => {
+  it('a duplicate waiting on another instance\'s key in flight gets 409 + Retry-After at IDEMPOTENCY_WAIT_MS, and nothing runs', async () => {
     const key = randomUUID();
     const body = { currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 1000 }], note: 'outstanding' };
     const holder = await openHolder(database.url);
     try {
-      await holder.query(
-        `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
-         VALUES ('alice', $1, $2, 'POST', '/orders', now() + interval '1 day')`,
-        [key, fingerprintRequest('POST', '/orders', body)],
-      );
+      await holder.query(HOLD_KEY, ['alice', key]);
       const res = await call('/orders', key, body);
       expect(res.status).toBe(409);
       expect(res.headers['retry-after']).toBe('1');

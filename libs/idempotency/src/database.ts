@@ -204,15 +204,19 @@ export class Database {
 
   /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
   async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
+    const [rows] = await this.queries([{ sql, params }]);
+    return rows as T[];
+  }
+
+  /** Statements sent together, in order, in the current transaction (or one of their own): the rows of each. */
+  async queries(statements: { sql: string; params?: unknown[] }[]): Promise<unknown[][]> {
+    const batch = statements.map(({ sql, params }) => ({ sql, params: params ?? [] }));
     const open = this.current.getStore();
-    if (open) {
-      const results = await this.send(open, [...this.takeDeferred(open), { sql, params }]);
-      return results[results.length - 1] as T[];
-    }
+    if (open) return (await this.send(open, [...this.takeDeferred(open), ...batch])).slice(-batch.length);
     return this.inTransaction(async (alone) => {
-      const results = await this.send(alone, [...this.takeDeferred(alone), { sql, params }, COMMIT]);
+      const results = await this.send(alone, [...this.takeDeferred(alone), ...batch, COMMIT]);
       alone.begun = false;
-      return results[results.length - 2] as T[];
+      return results.slice(-batch.length - 1, -1);
     });
   }
 

@@ -3,9 +3,9 @@ import { Check, Column, Entity, Index, PrimaryGeneratedColumn, Unique } from 'ty
 export type IdempotencyKeyState = 'in_progress' | 'completed';
 
 /**
- * One row per (client, Idempotency-Key): the claim, then the response to replay. For handlers
- * that write only to PostgreSQL the row is inserted, the handler writes, and the response is
- * recorded in one transaction, so an `in_progress` row is never visible to anyone else.
+ * One row per (client, Idempotency-Key): the response to replay. For handlers that write only to
+ * PostgreSQL the key's lock is taken, the handler writes, and the row is written once, completed,
+ * in one transaction, so no one ever sees it unfinished.
  * `recovery_point` and `locked_until` serve handlers with external side effects (payments), which
  * commit between phases and resume from the last recovery point under a lease.
  */

@@ -27,9 +27,12 @@ export interface KeyRecord {
 }
 
 export type Claim =
-  /** This request owns the key: run the handler, then record its response in the same transaction. */
-  | { kind: 'claimed'; id: string }
-  /** Another request had the key (committed before, or while this one waited on its lock). */
+  /**
+   * This request owns the key: run the handler, then record its response in the same transaction.
+   * `id` is the row's when an expired key was taken over; a new key has no row until its answer is recorded.
+   */
+  | { kind: 'claimed'; id?: string }
+  /** Another request had the key (committed before, or while this one waited for it). */
   | { kind: 'existing'; record: KeyRecord; waited: boolean }
   /** The key changed hands again and again while this request tried to claim it: it should retry shortly. */
   | { kind: 'contended' };
@@ -43,7 +46,6 @@ interface KeyRow {
   response_status: number | null;
   response_headers: Record<string, string> | null;
   response_body: string | null;
-  claimed: boolean;
 }
 
 const toRecord = (row: KeyRow): KeyRecord => ({
@@ -63,23 +65,29 @@ const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired,
   response_status, response_headers, response_body`;
 
 /**
- * Claim or find in ONE statement. The INSERT either takes the key or, when a row exists, does
- * nothing; the SELECT half then returns that row. If the row belonged to a transaction still in
- * flight, the INSERT first waits for it (bounded by lock_timeout). A row committed during that wait
- * is newer than this statement's snapshot, so nothing comes back and the caller reads it again: an
- * empty result means "waited". The two halves can never both return a row (the SELECT cannot see
- * the INSERT's row), but the caller picks by `claimed`, not by position.
+ * Requests with one (client, key) take turns on a transaction-scoped advisory lock of the pair,
+ * released by COMMIT, ROLLBACK or a dropped connection (so a crash never leaves it held; and a
+ * transaction pooler keeps it, since it lives and dies with the transaction). Two int4 hashes make
+ * a 64-bit lock key; a collision only makes an unrelated request wait its turn. The lock, not a row,
+ * is what a duplicate waits on: a new key's row is written once, completed, with its answer.
+ * Tried first, so a request that finds it taken knows it waited (and the find beside it is read again).
  */
-const CLAIM_KEY = `
-  WITH claimed AS (
-    INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
-    VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))
-    ON CONFLICT ON CONSTRAINT uq_idempotency_keys_client_key DO NOTHING
-    RETURNING ${KEY_COLUMNS}, true AS claimed
-  )
-  SELECT * FROM claimed
-  UNION ALL
-  SELECT ${KEY_COLUMNS}, false AS claimed FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
+const TRY_LOCK_KEY = `SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked`;
+const LOCK_KEY = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`;
+
+/** Read under the lock, in a statement of its own: its snapshot is taken after the lock is held, so it sees whatever the holder before committed. */
+const FIND_KEY = `SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
+
+/**
+ * A new key, written once with its answer (sent with the COMMIT). Its unique constraint still
+ * decides: a key row committed meanwhile by something that does not take the lock — a phased
+ * handler's claim, a process of an older build during a rolling deploy — makes this fail with
+ * 23505, the transaction rolls back, and the request claims again (and replays that row).
+ */
+const INSERT_COMPLETED_KEY = `
+  INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, state,
+                                response_status, response_headers, response_body, completed_at, expires_at)
+  VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), now() + make_interval(secs => $9))`;
 
 /**
  * An expired, COMPLETED key counts as absent: the first request to see it takes it over. The row
@@ -96,7 +104,7 @@ const TAKE_OVER_EXPIRED_KEY = `
    WHERE client_id = $1 AND key = $2 AND expires_at <= now() AND state = 'completed'
   RETURNING id`;
 
-/** Each extra round means another request committed, took over or reaped the key meanwhile; three in a row is a storm, told to retry. */
+/** Each extra round means the expired key was reaped or taken over meanwhile; three in a row is a storm, told to retry. */
 const MAX_CLAIM_ROUNDS = 3;
 
 /** The idempotency_keys table: claim, find, record. Every query is scoped by client. */
@@ -123,38 +131,50 @@ export class IdempotencyKeysService {
   }
 
   private async claim(scope: KeyScope): Promise<Claim> {
-    const params = [scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path, this.options.ttlSeconds];
-    const rows = await this.db.query<KeyRow>(CLAIM_KEY, params);
-    const mine = rows.find((r) => r.claimed);
-    if (mine) return { kind: 'claimed', id: mine.id };
-    const seen = rows.find((r) => !r.claimed);
+    const key = [scope.clientId, scope.key];
+    const [[{ locked }], found] = (await this.db.queries([
+      { sql: TRY_LOCK_KEY, params: key },
+      { sql: FIND_KEY, params: key },
+    ])) as [[{ locked: boolean }], KeyRow[]];
+    let row = found[0];
+    if (!locked) {
+      // Another request holds the key: wait for it (lock_timeout), then read what it left.
+      const [, after] = (await this.db.queries([
+        { sql: LOCK_KEY, params: key },
+        { sql: FIND_KEY, params: key },
+      ])) as [unknown, KeyRow[]];
+      row = after[0];
+    }
+    const waited = !locked;
     for (let round = 0; round < MAX_CLAIM_ROUNDS; round++) {
-      const record = round === 0 && seen ? toRecord(seen) : await this.findKey(scope.clientId, scope.key);
-      if (!record) {
-        // Reaped between our INSERT and this read: claim it afresh.
-        const again = (await this.db.query<KeyRow>(CLAIM_KEY, params)).find((r) => r.claimed);
-        if (again) return { kind: 'claimed', id: again.id };
-        continue;
-      }
-      if (!record.expired || !record.response) return { kind: 'existing', record, waited: !seen };
-      const [taken] = await this.db.query<{ id: string }>(TAKE_OVER_EXPIRED_KEY, params);
+      if (!row) return { kind: 'claimed' };
+      const record = toRecord(row);
+      if (!record.expired || !record.response) return { kind: 'existing', record, waited };
+      const [taken] = await this.db.query<{ id: string }>(TAKE_OVER_EXPIRED_KEY, [...key, scope.fingerprint, scope.method, scope.path, this.options.ttlSeconds]);
       if (taken) return { kind: 'claimed', id: taken.id };
+      // Reaped, or taken over by a process that does not take the lock: read it again.
+      row = (await this.db.query<KeyRow>(FIND_KEY, key))[0];
     }
     return { kind: 'contended' };
   }
 
-  private async findKey(clientId: string, key: string): Promise<KeyRecord | undefined> {
-    const [row] = await this.db.query<KeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2`, [clientId, key]);
-    return row && toRecord(row);
-  }
-
-  /** Completes the claim with the response to replay. Same transaction as the claim; sent with its COMMIT. */
-  recordResponse(id: string, response: StoredResponse): void {
+  /**
+   * Completes the claim with the response to replay, in the claim's transaction, sent with its COMMIT:
+   * a new key's one write of its row, or the update of the expired row it took over.
+   */
+  recordResponse(claim: { id?: string }, scope: KeyScope, response: StoredResponse): void {
+    if (claim.id === undefined) {
+      this.db.defer(INSERT_COMPLETED_KEY, [
+        scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path,
+        response.status, response.headers, response.body, this.options.ttlSeconds,
+      ]);
+      return;
+    }
     this.db.defer(
       `UPDATE idempotency_keys
           SET state = 'completed', response_status = $2, response_headers = $3, response_body = $4, completed_at = now()
         WHERE id = $1`,
-      [id, response.status, response.headers, response.body],
+      [claim.id, response.status, response.headers, response.body],
     );
   }
 

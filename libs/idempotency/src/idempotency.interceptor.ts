@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { from, lastValueFrom, type Observable, of } from 'rxjs';
 import { Database } from './database.js';
 import { IDEMPOTENCY_OPTIONS, type IdempotentRequest, type ResolvedIdempotencyOptions } from './idempotency-options.js';
-import { PG, pgErrorCode } from './pg-errors.js';
+import { isUniqueViolation, PG, pgErrorCode } from './pg-errors.js';
 import { IDEMPOTENT, type IdempotentOptions } from './idempotent-route.js';
 import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
 import { type Claim, IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
@@ -29,6 +29,8 @@ const isTemporary = (headers: Record<string, string>) => Object.keys(headers).so
 const OUTSTANDING_RETRY_AFTER_SECONDS = 1;
 
 const SAVEPOINT = 'idempotent_handler';
+/** The key's unique constraint: (client, key) has one row. */
+const KEY_CONSTRAINT = 'uq_idempotency_keys_client_key';
 const JSON_CONTENT_TYPE = 'application/json; charset=utf-8';
 
 /** What the transaction decided: an answer to send, the first time (a success or a stored business problem) or again. */
@@ -40,10 +42,10 @@ interface Execution {
 
 /**
  * The Idempotency-Key layer for handlers marked @Idempotent(). In ONE transaction it claims the
- * key (a unique insert), runs the handler, and records the response: a crash at any moment
- * leaves either nothing (the key is free, nothing was written) or the effect with its response.
- * A concurrent duplicate blocks on the first request's uncommitted key row — in PostgreSQL, so
- * across any number of service instances — then replays what it committed.
+ * key (the key's advisory lock, then a look for its row), runs the handler, and writes the key's
+ * row with the response: a crash at any moment leaves either nothing (the key is free, nothing was
+ * written) or the effect with its response. A concurrent duplicate waits for the key's lock — in
+ * PostgreSQL, so across any number of service instances — then replays what the first committed.
  */
 @Injectable()
 export class IdempotencyInterceptor implements NestInterceptor {
@@ -126,9 +128,16 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   /** `lockWaitMs`: what is left of the wait after waiting in line (undefined: it did not). */
   private async respondOnce(scope: KeyScope, next: CallHandler, res: IdempotentReply, lockWaitMs: number | undefined): Promise<unknown> {
-    // No read before the claim: the claim returns a key that exists, so a replay costs two round trips
-    // (then none: ReplayCache) and a new key saves one, on every create.
-    const { response, replayed, outcome } = await this.db.transaction(() => this.execute(scope, next, res, lockWaitMs));
+    let execution: Execution;
+    try {
+      execution = await this.db.transaction(() => this.execute(scope, next, res, lockWaitMs));
+    } catch (err) {
+      // A key row committed meanwhile by a claim that does not take the key's lock (a phased handler, an
+      // older build during a rolling deploy): everything rolled back. Claim again, which finds that row.
+      if (!isUniqueViolation(err, KEY_CONSTRAINT)) throw err;
+      execution = await this.db.transaction(() => this.execute(scope, next, res, lockWaitMs ?? this.options.waitMs));
+    }
+    const { response, replayed, outcome } = execution;
     this.metrics.note(outcome, scope.clientId, scope.key);
     // The stored bytes themselves, so a replay is identical to the first response.
     return writeStoredResponse(res, response, replayed);
@@ -165,7 +174,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       const body = value === undefined ? '' : JSON.stringify(value);
       if (body) res.header('Content-Type', JSON_CONTENT_TYPE);
       const response: StoredResponse = { status: res.statusCode, headers: pickHeaders(res.getHeaders(), this.options.replayedHeaders), body };
-      this.keys.recordResponse(claim.id, response);
+      this.keys.recordResponse(claim, scope, response);
       return { response, replayed: false, outcome: 'executed' };
     } catch (err) {
       // Validation errors, auth, 5xx, and temporary refusals (they carry Retry-After: ask again later,
@@ -180,7 +189,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
         headers: { ...pickHeaders(headers, this.options.replayedHeaders), 'content-type': `${PROBLEM_CONTENT_TYPE}; charset=utf-8` },
         body: JSON.stringify(problem),
       };
-      this.keys.recordResponse(claim.id, response);
+      this.keys.recordResponse(claim, scope, response);
       return { response, replayed: false, outcome: 'executed' };
     }
   }
