@@ -77,13 +77,13 @@ export async function startServiceProcess(
 
 /**
  * Runs the service expecting it to refuse to start; resolves with its exit code and output.
- * `cwd`: the working directory, where the service looks for its `.env` (default: this one).
+ * `cwd`: the working directory, where the service looks for its `.env` (default: this one); `main`: another built entry.
  */
 export async function runServiceToExit(
   env: Record<string, string>,
-  { cwd }: { cwd?: string } = {},
+  { cwd, main = MAIN }: { cwd?: string; main?: string } = {},
 ): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [main], { env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));

@@ -11,6 +11,7 @@ import { APP_FILTER, NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DataSource } from 'typeorm';
 import { ProblemFilter } from '../../../src/common/problem.filter.js';
+import { StartupError } from '../../../src/common/startup-error.js';
 import { ConfigError, loadConfig } from '../../../src/config/app-config.js';
 import { applyMigrations } from '../../../src/database/apply-migrations.js';
 import { openDatabaseServer } from '../../../src/database/database-server.js';
@@ -100,6 +101,6 @@ async function bootstrap(): Promise<void> {
 }
 
 bootstrap().catch((err: unknown) => {
-  console.error(err instanceof ConfigError ? err.message : err);
+  console.error(err instanceof ConfigError || err instanceof StartupError ? err.message : err);
   process.exit(1);
 });
