@@ -1,6 +1,12 @@
 import eslint from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
+const ENTRY_ONLY = 'import the lib through its entry (`#<lib name>`, package.json "imports"), not its files';
+/** '../libs/psp-sandbox/src/answer-delays', 'libs/idempotency/src': any path into some libs/<name>/src. */
+const DEEP_INTO_A_LIB = { regex: '(^|/)libs/[^/]+/src(/|$)', message: ENTRY_ONLY };
+/** From libs/a/src/…: '../../b/src/x' (a climb out of this lib, then into another's src). */
+const DEEP_INTO_ANOTHER_LIB = { regex: '^(\\.\\./)+[^./][^/]*/src(/|$)', message: ENTRY_ONLY };
+
 export default tseslint.config(
   { ignores: ['dist/', 'node_modules/', 'coverage/', '.data/', 'bench/peer/', 'jest.config.js', 'eslint.config.js'] },
   eslint.configs.recommended,
@@ -16,6 +22,17 @@ export default tseslint.config(
       '@typescript-eslint/no-misused-promises': 'error',
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_' }],
     },
+  },
+  {
+    // A lib's public entry is its `#name` (package.json "imports"); its files are its own business.
+    files: ['**/*.ts'],
+    ignores: ['libs/**'],
+    rules: { 'no-restricted-imports': ['error', { patterns: [DEEP_INTO_A_LIB] }] },
+  },
+  {
+    // Inside a lib, relative imports among its own files are fine; climbing out into another lib's src is not.
+    files: ['libs/**/*.ts'],
+    rules: { 'no-restricted-imports': ['error', { patterns: [DEEP_INTO_A_LIB, DEEP_INTO_ANOTHER_LIB] }] },
   },
   {
     // supertest bodies and pg rows are `any` by nature; tests assert on them instead of typing them.

@@ -15,8 +15,13 @@ const swc = [
 export default {
   testEnvironment: 'node',
   extensionsToTreatAsEsm: ['.ts'],
-  // Sources import './x.js' (Node ESM); Jest resolves the .ts file.
-  moduleNameMapper: { '^(\\.{1,2}/.*)\\.js$': '$1', '^#idempotency$': '<rootDir>/libs/idempotency/src/index.ts' },
+  moduleNameMapper: {
+    // Sources import './x.js' (Node ESM); Jest resolves the .ts file.
+    '^(\\.{1,2}/.*)\\.js$': '$1',
+    // package.json "imports": Jest does not read them; each lib's entry, as TypeScript source.
+    '^#idempotency$': '<rootDir>/libs/idempotency/src/index.ts',
+    '^#psp-sandbox$': '<rootDir>/libs/psp-sandbox/src/index.ts',
+  },
   transform: {
     '^.+\\.ts$': swc,
     // @fastify/static (Swagger UI's assets on Fastify) require()s content-disposition 3, which is ESM-only. Node 20
@@ -25,7 +30,7 @@ export default {
     '/node_modules/content-disposition/.+\\.js$': ['@swc/jest', { module: { type: 'commonjs' } }],
   },
   transformIgnorePatterns: ['/node_modules/(?!(?:@fastify/static/node_modules/)?content-disposition/)'],
-  testMatch: ['<rootDir>/src/**/*.spec.ts', '<rootDir>/libs/**/*.spec.ts', '<rootDir>/test/**/*.e2e-spec.ts'],
+  testMatch: ['<rootDir>/src/**/*.spec.ts', '<rootDir>/libs/*/src/**/*.spec.ts', '<rootDir>/test/**/*.e2e-spec.ts'],
   // bench/peer is its own package (Nest 10, its own node_modules): never part of this suite.
   modulePathIgnorePatterns: ['<rootDir>/bench/peer/'],
   globalSetup: '<rootDir>/test/support/global-setup.ts',

@@ -21,7 +21,7 @@ import { problemType } from './common/problem.js';
 import { OrdersModule } from './orders/orders.module.js';
 import { PaymentsModule } from './payments/payments.module.js';
 import { PspClientModule } from './psp-client/psp-client.module.js';
-import { PspSandboxModule } from './psp-sandbox/psp-sandbox.module.js';
+import { PspSandboxModule } from '#psp-sandbox';
 import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
 import { WebhooksModule } from './webhooks/webhooks.module.js';
 

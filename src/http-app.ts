@@ -17,7 +17,7 @@ import { QuietStartupLogger } from './common/quiet-startup-logger.js';
 import { plainProblem, PROBLEM_CONTENT_TYPE, ProblemException } from './common/problem.js';
 import { sendProblem } from './common/problem.filter.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
-import { PSP_SANDBOX_TAG } from './psp-sandbox/psp-sandbox.controller.js';
+import { PSP_SANDBOX_TAG } from '#psp-sandbox';
 import { keepsRawBody } from './webhooks/webhook-raw-body.js';
 
 /**

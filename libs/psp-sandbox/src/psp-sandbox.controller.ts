@@ -1,10 +1,10 @@
 import { Body, Controller, Get, Headers, HttpCode, Post, Query, Res } from '@nestjs/common';
 import { ApiCreatedResponse, ApiExtraModels, ApiHeader, ApiOkResponse, ApiOperation, ApiResponse, ApiTags, getSchemaPath } from '@nestjs/swagger';
 import type { FastifyReply as Response } from 'fastify';
-import { Public } from '../common/api-key.guard.js';
-import { ApiProblems } from '../common/api-problem-responses.js';
+import { Public } from '../../../src/common/api-key.guard.js';
+import { ApiProblems } from '../../../src/common/api-problem-responses.js';
+import { problemType } from '../../../src/common/problem.js';
 import { parseIdempotencyKey } from '#idempotency';
-import { problemType } from '../common/problem.js';
 import { CreateChargeDto } from './dto/create-charge.dto.js';
 import { CreateRefundDto } from './dto/create-refund.dto.js';
 import { FindChargesQuery } from './dto/find-charges.query.js';

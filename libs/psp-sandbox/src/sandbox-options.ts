@@ -1,10 +1,11 @@
-import type { AppConfig } from '../config/app-config.js';
-
 export const SANDBOX_OPTIONS = Symbol('SANDBOX_OPTIONS');
+
+/** Where the relay sends events; the host's config parses PSP_WEBHOOK_URL into this (the sandbox reads no environment). */
+export type SandboxWebhookDelivery = { to: 'self' } | { to: 'url'; url: string } | { to: 'none' };
 
 export interface SandboxWebhookOptions {
   /** PSP_WEBHOOK_URL: `self` = the service's own /webhooks/psp, `url`, or `none` (events stay in the outbox). */
-  delivery: AppConfig['pspWebhookDelivery'];
+  delivery: SandboxWebhookDelivery;
   /** PSP_WEBHOOK_DUPLICATES: every event is queued as two copies with one webhook-id. */
   duplicates: boolean;
   /** PSP_WEBHOOK_SECRET (`whsec_…`): the Standard Webhooks signing key. */

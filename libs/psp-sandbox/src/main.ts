@@ -10,13 +10,14 @@ import { Module } from '@nestjs/common';
 import { APP_FILTER, NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DataSource } from 'typeorm';
-import { ProblemFilter } from '../common/problem.filter.js';
-import { ConfigError, loadConfig } from '../config/app-config.js';
-import { applyMigrations } from '../database/apply-migrations.js';
-import { openDatabaseServer } from '../database/database-server.js';
-import { typeormOptions } from '../database/typeorm-options.js';
-import { stopOnSignals, takeOverSignals } from '../graceful-stop.js';
-import { applyHttpRules, httpServerOptions } from '../http-app.js';
+import { ProblemFilter } from '../../../src/common/problem.filter.js';
+import { StartupError } from '../../../src/common/startup-error.js';
+import { ConfigError, loadConfig } from '../../../src/config/app-config.js';
+import { applyMigrations } from '../../../src/database/apply-migrations.js';
+import { openDatabaseServer } from '../../../src/database/database-server.js';
+import { typeormOptions } from '../../../src/database/typeorm-options.js';
+import { stopOnSignals, takeOverSignals } from '../../../src/graceful-stop.js';
+import { applyHttpRules, httpServerOptions } from '../../../src/http-app.js';
 import { PspSandboxModule } from './psp-sandbox.module.js';
 
 const DEFAULT_PORT = 4000;
@@ -100,6 +101,6 @@ async function bootstrap(): Promise<void> {
 }
 
 bootstrap().catch((err: unknown) => {
-  console.error(err instanceof ConfigError ? err.message : err);
+  console.error(err instanceof ConfigError || err instanceof StartupError ? err.message : err);
   process.exit(1);
 });

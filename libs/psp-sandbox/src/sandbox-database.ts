@@ -1,6 +1,6 @@
 import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
 import pg from 'pg';
-import { ProblemException } from '../common/problem.js';
+import { ProblemException } from '../../../src/common/problem.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 
 /**

@@ -1,0 +1,9 @@
+/**
+ * The sandbox payment provider's public entry (`#psp-sandbox`): what a host app mounts and what tests drive.
+ * Code outside libs/psp-sandbox imports only this file (lint forbids deep imports).
+ */
+export { AnswerDelays } from './answer-delays.js';
+export { PSP_SANDBOX_TAG } from './psp-sandbox.controller.js';
+export { PspSandboxModule } from './psp-sandbox.module.js';
+export type { SandboxOptions, SandboxWebhookDelivery, SandboxWebhookOptions } from './sandbox-options.js';
+export { WebhookRelay } from './webhook-relay.js';
