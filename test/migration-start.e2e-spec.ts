@@ -6,7 +6,6 @@
 import { randomUUID } from 'node:crypto';
 import { Client } from 'pg';
 import request from 'supertest';
-import { fingerprintRequest } from '#idempotency';
 import { type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase, ignoreIdleErrors } from './support/test-app';
 
@@ -37,15 +36,11 @@ describe('the service after applying migrations at start-up', () => {
     });
     const key = randomUUID();
     const body = { currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }], note: 'after-migrations' };
-    // Exactly what a first request in flight has done: claimed the key, not yet committed.
+    // Exactly what a first request in flight has done: taken the key's lock, not yet committed.
     holder = ignoreIdleErrors(new Client({ connectionString: database.url }));
     await holder.connect();
     await holder.query('BEGIN');
-    await holder.query(
-      `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
-       VALUES ('alice', $1, $2, 'POST', '/orders', now() + interval '1 day')`,
-      [key, fingerprintRequest('POST', '/orders', body)],
-    );
+    await holder.query(`SELECT pg_advisory_xact_lock(hashtext('alice'), hashtext($1))`, [key]);
     const post = () => request(service!.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).timeout(ANSWER_DEADLINE_MS).send(body);
 
     // Each request in turn, so each takes the connection the previous one released (the migration's one among them).
