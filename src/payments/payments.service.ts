@@ -15,7 +15,7 @@ import { type KeyAnswer, PhasedOperation, type PhasedSubject } from './phased-op
 import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
 
 /**
- * POST /orders/:id/payments: the charge as a PhasedOperation (docs/patterns/atomic-phases.md), with the payment as
+ * POST /orders/:id/payments: the charge as a PhasedOperation (docs/patterns/phased-external-calls.md), with the payment as
  * its subject. Everything but what a payment is — the phases, the resume, the fencing — is PhasedOperation's.
  */
 @Injectable()
@@ -42,19 +42,14 @@ export class PaymentsService {
   private paymentOf(clientId: string, orderId: string, source: string): PhasedSubject<PaymentRow> {
     return {
       table: 'payments',
-      what: 'payment',
       created: PAYMENT_CREATED,
       create: (keyId) => this.createPendingPayment(clientId, orderId, source, keyId),
-      load: async (id) => (await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [id]))[0],
+      load: (id) => this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [id]),
       find: (p) => this.psp.findChargesByPayment(p.id, { amountMinor: Number(p.amount_minor), currency: p.currency }).then(foundChargeOutcome),
-      send: async (p, deadline) =>
-        chargeOutcome(
-          await this.psp.createCharge(
-            { amountMinor: Number(p.amount_minor), currency: p.currency, source: p.source, metadata: { orderId: p.order_id, paymentId: p.id } },
-            p.outbound_key,
-            deadline,
-          ),
-        ),
+      send: (p, deadline) =>
+        this.psp
+          .createCharge({ amountMinor: Number(p.amount_minor), currency: p.currency, source: p.source, metadata: { orderId: p.order_id, paymentId: p.id } }, p.outbound_key, deadline)
+          .then(chargeOutcome),
       recorded: (p) => recordedOutcome(p.status, p.provider_transaction_id, p.failure_code),
       settle: (id, outcome, leaseToken) => this.settlement.settlePayment(id, outcome, leaseToken),
     };

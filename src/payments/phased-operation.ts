@@ -22,16 +22,15 @@ export type PhasedRow = Pick<PaymentRow, 'id' | 'status' | 'created_at'>;
 
 /**
  * What differs between a payment and a refund; the phases, the resume and the fencing are PhasedOperation's.
- * `create` is phase 1's writes in the claim's transaction (the pending row, or a refusal stored as the answer),
+ * `table` names the subject; `create` is phase 1's writes in the claim's transaction (the pending row, or a refusal stored as the answer),
  * ending at recovery point `created`; `find` looks the row up at the provider (a resume asks it first); `send`
  * calls out under the row's outbound key by the holder's deadline; `recorded` is what the row already says.
  */
 export interface PhasedSubject<Row extends PhasedRow> {
   table: AttemptTable;
-  what: 'payment' | 'refund';
   created: string;
   create(keyId: string): Promise<{ id: string } | { refusal: ProblemException }>;
-  load(id: string): Promise<Row>;
+  load(id: string): Promise<Row[]>;
   find(row: Row): Promise<ProviderOutcome | undefined>;
   send(row: Row, deadline: number): Promise<ProviderOutcome | undefined>;
   recorded(row: Row): ProviderOutcome;
@@ -69,7 +68,7 @@ export class PhasedOperation {
       if (acquired.kind === 'resumed') {
         // Only a key at its `created` point is ever committed unfinished, and its row was inserted with it.
         const id = await this.attempts.ofKey(subject.table, acquired.key.id);
-        if (!id) throw new Error(`${subject.what} key ${acquired.key.id} is unfinished but has no ${subject.what}`);
+        if (!id) throw new Error(`${subject.table} key ${acquired.key.id} is unfinished but has no row`);
         return { key: acquired.key, id, resumed: true };
       }
       // Before anything is written: with the provider known to be down, fail now and leave the key free.
@@ -95,11 +94,12 @@ export class PhasedOperation {
    * nothing and decides by lookups, as the reconciler does. An unknown outcome releases the lease and answers 503: NOT stored.
    */
   private async callAndSettle<Row extends PhasedRow>(subject: PhasedSubject<Row>, key: LeasedKey, id: string, resumed: boolean): Promise<StoredResponse> {
-    const row = await subject.load(id);
+    const [row] = await subject.load(id);
+    const what = subject.table === 'payments' ? 'payment' : 'refund';
     if (resumed && row.status === 'pending' && !this.attempts.mayResend(row.created_at)) {
       const decided = await this.reconciler.decide(key);
       if (decided) return decided.response;
-      throw paymentPending(row.id, subject.what);
+      throw paymentPending(row.id, what);
     }
     let outcome: ProviderOutcome | undefined;
     if (resumed) {
@@ -113,11 +113,11 @@ export class PhasedOperation {
     }
     if (!outcome && row.status === 'pending') {
       await this.attempts.gaveUp(row.id, key);
-      throw paymentPending(row.id, subject.what);
+      throw paymentPending(row.id, what);
     }
     // A row settled meanwhile (a webhook) is answered from the row by the settlement.
     const settled = await subject.settle(row.id, outcome ?? subject.recorded(row), key.leaseToken);
-    if (settled.kind === 'lost') throw paymentPending(row.id, subject.what);
+    if (settled.kind === 'lost') throw paymentPending(row.id, what);
     return settled.response;
   }
 }

@@ -35,21 +35,16 @@ export class RefundsService {
   refundPayment(scope: KeyScope, paymentId: string, amountMinor: number | undefined): Promise<KeyAnswer> {
     return this.phased.run<RefundRow & { charge_id: string }>(scope, {
       table: 'refunds',
-      what: 'refund',
       created: REFUND_CREATED,
       create: (keyId) => this.createPendingRefund(scope.clientId, paymentId, amountMinor, keyId),
-      load: async (id) =>
-        (
-          await this.db.query<RefundRow & { charge_id: string }>(
-            `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
-            [id],
-          )
-        )[0],
-      find: (r) => this.psp.findRefundsByRefund(r.id, { paymentId: r.payment_id, amountMinor: Number(r.amount_minor) }).then(foundRefundOutcome),
-      send: async (r, deadline) =>
-        refundOutcome(
-          await this.psp.createRefund({ chargeId: r.charge_id, amountMinor: Number(r.amount_minor), metadata: { refundId: r.id, paymentId: r.payment_id } }, r.outbound_key, deadline),
+      load: (id) =>
+        this.db.query<RefundRow & { charge_id: string }>(
+          `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+          [id],
         ),
+      find: (r) => this.psp.findRefundsByRefund(r.id, { paymentId: r.payment_id, amountMinor: Number(r.amount_minor) }).then(foundRefundOutcome),
+      send: (r, deadline) =>
+        this.psp.createRefund({ chargeId: r.charge_id, amountMinor: Number(r.amount_minor), metadata: { refundId: r.id, paymentId: r.payment_id } }, r.outbound_key, deadline).then(refundOutcome),
       recorded: (r) => recordedOutcome(r.status, r.provider_refund_id, r.failure_code),
       settle: (id, outcome, leaseToken) => this.settlement.settleRefund(id, outcome, leaseToken),
     });
