@@ -1,76 +1,57 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
 import { ProblemException, problemType } from '../common/problem.js';
-import { AtomicPhases, Database, type KeyScope, type LeasedKey, problemResponse, type StoredResponse } from '#idempotency';
+import { Database, type KeyScope } from '#idempotency';
 import { orderNotFound } from '../orders/orders.service.js';
 import type { OrderStatus } from '../orders/order-status.js';
-import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
+import { PspClient } from '../psp-client/psp-client.js';
 import type { PaymentView } from './dto/payment.view.js';
-import { nothingToPay, orderNotPayable, paymentInProgress, paymentNotFound, paymentPending, providerUnavailable } from './payment-problems.js';
+import { nothingToPay, orderNotPayable, paymentInProgress, paymentNotFound } from './payment-problems.js';
 import { outboundKeyOf, PAYMENT_COLUMNS, PAYMENT_CREATED, type PaymentRow, prefixed, toPaymentView } from './payment-records.js';
 import { PaymentReconciler } from './payment-reconciler.js';
-import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
-import { ProviderAttempts } from './provider-attempts.js';
+import { PaymentSettlement } from './payment-settlement.js';
+import { type KeyAnswer, PhasedOperation, type PhasedSubject } from './phased-operation.js';
 import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
 
-/** What an idempotent payment endpoint answers: a stored response, sent as it is. */
-export interface KeyAnswer {
-  response: StoredResponse;
-  replayed: boolean;
-}
-
-/** Phase 1's result: a stored business answer, or the pending payment to charge. */
-type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; paymentId: string; resumed: boolean };
-
 /**
- * POST /orders/:id/payments as atomic phases (docs/contract.md#payments-and-refunds): the charge cannot join our
- * transaction, and a timeout does not say whether the card was charged — so an unknown outcome
- * is never final: the payment stays pending, and the same key (or the reconciler) asks again
- * with the same outbound key, which the provider dedupes.
+ * POST /orders/:id/payments: the charge as a PhasedOperation (docs/patterns/phased-external-calls.md), with the payment as
+ * its subject. Everything but what a payment is — the phases, the resume, the fencing — is PhasedOperation's.
  */
 @Injectable()
 export class PaymentsService {
   constructor(
     private readonly db: Database,
-    private readonly phases: AtomicPhases,
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
     private readonly reconciler: PaymentReconciler,
-    private readonly attempts: ProviderAttempts,
+    private readonly phased: PhasedOperation,
   ) {}
 
   async payOrder(scope: KeyScope, orderId: string, source: string): Promise<KeyAnswer> {
-    let phase1: Phase1;
     try {
-      phase1 = await this.startPayment(scope, orderId, source);
+      return await this.phased.run(scope, this.paymentOf(scope.clientId, orderId, source));
     } catch (err) {
-      // Another key's payment of this order is pending. If its request is gone (lease run out), settle it first, then try once more.
+      // Another key's payment of this order is pending (only phase 1 says so). If its request is gone (lease run out), settle it first, then try once more.
       const stale = err instanceof ProblemException && err.problem.type === problemType('payment-in-progress') && typeof err.problem.paymentId === 'string';
       if (!stale || !(await this.reconciler.reconcileStalePayment(err.problem.paymentId as string))) throw err;
-      phase1 = await this.startPayment(scope, orderId, source);
+      return this.phased.run(scope, this.paymentOf(scope.clientId, orderId, source));
     }
-    if ('answer' in phase1) return phase1.answer;
-    return { response: await this.chargeAndSettle(phase1.key, phase1.paymentId, phase1.resumed), replayed: false };
   }
 
-  /** Phase 1: the key acquired and, for a new key, the pending payment written, in one transaction. */
-  private startPayment(scope: KeyScope, orderId: string, source: string): Promise<Phase1> {
-    return this.db.transaction(async (): Promise<Phase1> => {
-      const acquired = await this.phases.acquire(scope);
-      if (acquired.kind === 'completed') return { answer: { response: acquired.response, replayed: true } };
-      if (acquired.kind === 'resumed') return { key: acquired.key, paymentId: await this.resumePayment(acquired.key.id), resumed: true };
-      // Before anything is written: with the provider known to be down, fail now and leave the key free.
-      const breaker = this.psp.chargeBreakerOpen();
-      if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
-      const created = await this.createPendingPayment(scope.clientId, orderId, source, acquired.key.id);
-      if ('refusal' in created) {
-        const response = problemResponse(created.refusal);
-        await this.phases.complete(acquired.key.id, response);
-        return { answer: { response, replayed: false } };
-      }
-      this.phases.setRecoveryPoint(acquired.key, PAYMENT_CREATED);
-      return { key: acquired.key, paymentId: created.payment.id, resumed: false };
-    });
+  private paymentOf(clientId: string, orderId: string, source: string): PhasedSubject<PaymentRow> {
+    return {
+      table: 'payments',
+      created: PAYMENT_CREATED,
+      create: (keyId) => this.createPendingPayment(clientId, orderId, source, keyId),
+      load: (id) => this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [id]),
+      find: (p) => this.psp.findChargesByPayment(p.id, { amountMinor: Number(p.amount_minor), currency: p.currency }).then(foundChargeOutcome),
+      send: (p, deadline) =>
+        this.psp
+          .createCharge({ amountMinor: Number(p.amount_minor), currency: p.currency, source: p.source, metadata: { orderId: p.order_id, paymentId: p.id } }, p.outbound_key, deadline)
+          .then(chargeOutcome),
+      recorded: (p) => recordedOutcome(p.status, p.provider_transaction_id, p.failure_code),
+      settle: (id, outcome, leaseToken) => this.settlement.settlePayment(id, outcome, leaseToken),
+    };
   }
 
   /**
@@ -78,7 +59,7 @@ export class PaymentsService {
    * checked, and the payment inserted pending with its outbound key. A stored refusal (404, 409)
    * is returned; a temporary one (another payment in progress) is thrown, so the key is released.
    */
-  private async createPendingPayment(clientId: string, orderId: string, source: string, keyId: string): Promise<{ payment: PaymentRow } | { refusal: ProblemException }> {
+  private async createPendingPayment(clientId: string, orderId: string, source: string, keyId: string): Promise<{ id: string } | { refusal: ProblemException }> {
     const [order] = isUUID(orderId)
       ? await this.db.query<{ status: OrderStatus; total_minor: string; currency: string }>(
           `SELECT status, total_minor, currency FROM orders WHERE id = $1 AND client_id = $2 FOR UPDATE`,
@@ -97,61 +78,9 @@ export class PaymentsService {
        RETURNING ${PAYMENT_COLUMNS}`,
       [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
     );
-    if (payment) {
-      // This holder calls the provider only before its lease ends: the bound every later decision waits out.
-      this.attempts.firstAttempt('payments', payment.id, keyId);
-      return { payment };
-    }
+    if (payment) return { id: payment.id };
     const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
     throw paymentInProgress(active?.id ?? 'unknown');
-  }
-
-  /**
-   * Phases 2 and 3. A resumed key first asks the provider what became of the payment (a lookup is
-   * cheap and never delayed); only if it has no charge is the charge sent again, under the same
-   * outbound key — which the provider dedupes with an earlier attempt that lands late. Past the re-send window
-   * (ProviderAttempts.mayResend) it sends nothing and decides by lookups, as the reconciler does. An unknown
-   * outcome releases the lease and answers 503: NOT stored.
-   */
-  async chargeAndSettle(key: LeasedKey, paymentId: string, resumed: boolean): Promise<StoredResponse> {
-    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
-    if (resumed && payment.status === 'pending' && !this.attempts.mayResend(payment.created_at)) {
-      // Nothing more is sent for this payment (ProviderAttempts.mayResend): lookups decide, as the reconciler's do.
-      const decided = await this.reconciler.decide(key);
-      if (decided) return decided.response;
-      throw paymentPending(payment.id);
-    }
-    let outcome: ProviderOutcome | undefined;
-    if (resumed) {
-      outcome = await this.psp.findChargesByPayment(payment.id, { amountMinor: Number(payment.amount_minor), currency: payment.currency }).then(foundChargeOutcome, (err: unknown) => {
-        if (err instanceof PspUnreachableError) return undefined;
-        throw err;
-      });
-    }
-    if (!outcome && payment.status === 'pending' && (!resumed || (await this.attempts.resending('payments', payment.id, key)))) {
-      const result = await this.psp.createCharge(
-        { amountMinor: Number(payment.amount_minor), currency: payment.currency, source: payment.source, metadata: { orderId: payment.order_id, paymentId: payment.id } },
-        payment.outbound_key,
-        key.deadline,
-      );
-      outcome = chargeOutcome(result);
-    }
-    if (!outcome && payment.status === 'pending') {
-      await this.attempts.gaveUp(payment.id, key);
-      throw paymentPending(payment.id);
-    }
-    // A payment settled meanwhile (a webhook) is answered from its row by the settlement.
-    const settled = await this.settlement.settlePayment(payment.id, outcome ?? recordedOutcome(payment.status, payment.provider_transaction_id, payment.failure_code), key.leaseToken);
-    if (settled.kind === 'lost') throw paymentPending(payment.id);
-    return settled.response;
-  }
-
-  /** The payment of a key being resumed. */
-  private async resumePayment(keyId: string): Promise<string> {
-    const paymentId = await this.attempts.ofKey('payments', keyId);
-    // Only a key at PAYMENT_CREATED is ever committed unfinished, and its payment was inserted with it.
-    if (!paymentId) throw new Error(`payment key ${keyId} is unfinished but has no payment`);
-    return paymentId;
   }
 
   async listOrderPayments(clientId: string, orderId: string): Promise<PaymentView[]> {

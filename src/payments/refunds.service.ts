@@ -1,19 +1,15 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
 import type { ProblemException } from '../common/problem.js';
-import { AtomicPhases, Database, type KeyScope, type LeasedKey, problemResponse, type StoredResponse } from '#idempotency';
+import { Database, type KeyScope } from '#idempotency';
 import type { OrderStatus } from '../orders/order-status.js';
-import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
+import { PspClient } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';
-import { paymentNotFound, paymentPending, providerUnavailable, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
+import { paymentNotFound, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
 import { outboundKeyOf, PAYMENT_COLUMNS, type PaymentRow, prefixed, REFUND_COLUMNS, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
-import { PaymentReconciler } from './payment-reconciler.js';
-import { ProviderAttempts } from './provider-attempts.js';
-import { type ProviderOutcome, PaymentSettlement } from './payment-settlement.js';
+import { PaymentSettlement } from './payment-settlement.js';
+import { type KeyAnswer, PhasedOperation } from './phased-operation.js';
 import { foundRefundOutcome, recordedOutcome, refundOutcome } from './provider-outcomes.js';
-import type { KeyAnswer } from './payments.service.js';
-
-type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; refundId: string; resumed: boolean };
 
 /**
  * Reserves $2 of payment $1's refundable amount: one conditional UPDATE, so refunds racing on one payment
@@ -22,7 +18,7 @@ type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; refundId: string; resume
 export const RESERVE_REFUND = `UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1 AND refunded_minor + $2 <= amount_minor RETURNING id`;
 
 /**
- * POST /payments/:id/refunds, in the same atomic phases as a payment. The amount is reserved in
+ * POST /payments/:id/refunds, a PhasedOperation like a payment. The amount is reserved in
  * phase 1 by one conditional UPDATE (`refunded_minor + amount <= amount_minor`), so refunds racing
  * in parallel can never add up to more than was paid; a failed refund gives its reservation back.
  */
@@ -30,35 +26,31 @@ export const RESERVE_REFUND = `UPDATE payments SET refunded_minor = refunded_min
 export class RefundsService {
   constructor(
     private readonly db: Database,
-    private readonly phases: AtomicPhases,
     private readonly psp: PspClient,
     private readonly settlement: PaymentSettlement,
-    private readonly attempts: ProviderAttempts,
-    private readonly reconciler: PaymentReconciler,
+    private readonly phased: PhasedOperation,
   ) {}
 
-  async refundPayment(scope: KeyScope, paymentId: string, amountMinor: number | undefined): Promise<KeyAnswer> {
-    const phase1 = await this.db.transaction(async (): Promise<Phase1> => {
-      const acquired = await this.phases.acquire(scope);
-      if (acquired.kind === 'completed') return { answer: { response: acquired.response, replayed: true } };
-      if (acquired.kind === 'resumed') return { key: acquired.key, refundId: await this.resumeRefund(acquired.key.id), resumed: true };
-      const breaker = this.psp.chargeBreakerOpen();
-      if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
-      const created = await this.createPendingRefund(scope.clientId, paymentId, amountMinor, acquired.key.id);
-      if ('refusal' in created) {
-        const response = problemResponse(created.refusal);
-        await this.phases.complete(acquired.key.id, response);
-        return { answer: { response, replayed: false } };
-      }
-      this.phases.setRecoveryPoint(acquired.key, REFUND_CREATED);
-      return { key: acquired.key, refundId: created.refund.id, resumed: false };
+  refundPayment(scope: KeyScope, paymentId: string, amountMinor: number | undefined): Promise<KeyAnswer> {
+    return this.phased.run<RefundRow & { charge_id: string }>(scope, {
+      table: 'refunds',
+      created: REFUND_CREATED,
+      create: (keyId) => this.createPendingRefund(scope.clientId, paymentId, amountMinor, keyId),
+      load: (id) =>
+        this.db.query<RefundRow & { charge_id: string }>(
+          `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+          [id],
+        ),
+      find: (r) => this.psp.findRefundsByRefund(r.id, { paymentId: r.payment_id, amountMinor: Number(r.amount_minor) }).then(foundRefundOutcome),
+      send: (r, deadline) =>
+        this.psp.createRefund({ chargeId: r.charge_id, amountMinor: Number(r.amount_minor), metadata: { refundId: r.id, paymentId: r.payment_id } }, r.outbound_key, deadline).then(refundOutcome),
+      recorded: (r) => recordedOutcome(r.status, r.provider_refund_id, r.failure_code),
+      settle: (id, outcome, leaseToken) => this.settlement.settleRefund(id, outcome, leaseToken),
     });
-    if ('answer' in phase1) return phase1.answer;
-    return { response: await this.refundAndSettle(phase1.key, phase1.refundId, phase1.resumed), replayed: false };
   }
 
   /** Phase 1: order then payment locked (the one lock order), checked, the amount reserved, the refund inserted pending. */
-  private async createPendingRefund(clientId: string, paymentId: string, amountMinor: number | undefined, keyId: string): Promise<{ refund: RefundRow } | { refusal: ProblemException }> {
+  private async createPendingRefund(clientId: string, paymentId: string, amountMinor: number | undefined, keyId: string): Promise<{ id: string } | { refusal: ProblemException }> {
     const [found] = isUUID(paymentId) ? await this.db.query<{ order_id: string }>(`SELECT order_id FROM payments WHERE id = $1 AND client_id = $2`, [paymentId, clientId]) : [];
     if (!found) return { refusal: paymentNotFound(paymentId) };
     const [order] = await this.db.query<{ status: OrderStatus }>(`SELECT status FROM orders WHERE id = $1 FOR UPDATE`, [found.order_id]);
@@ -80,52 +72,7 @@ export class RefundsService {
        RETURNING ${REFUND_COLUMNS}`,
       [clientId, paymentId, keyId, amount, outboundKeyOf('refund', '')],
     );
-    this.attempts.firstAttempt('refunds', refund.id, keyId);
-    return { refund };
-  }
-
-  /** Phases 2 and 3, as for a payment: look up first when resuming, the same outbound key on every call, 503 while unknown. */
-  async refundAndSettle(key: LeasedKey, refundId: string, resumed: boolean): Promise<StoredResponse> {
-    const [refund] = await this.db.query<RefundRow & { charge_id: string }>(
-      `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
-      [refundId],
-    );
-    if (resumed && refund.status === 'pending' && !this.attempts.mayResend(refund.created_at)) {
-      // Nothing more is sent for this refund: lookups decide, as the reconciler's do.
-      const decided = await this.reconciler.decide(key);
-      if (decided) return decided.response;
-      throw paymentPending(refund.id, 'refund');
-    }
-    let outcome: ProviderOutcome | undefined;
-    if (resumed) {
-      outcome = await this.psp.findRefundsByRefund(refund.id, { paymentId: refund.payment_id, amountMinor: Number(refund.amount_minor) }).then(foundRefundOutcome, (err: unknown) => {
-        if (err instanceof PspUnreachableError) return undefined;
-        throw err;
-      });
-    }
-    if (!outcome && refund.status === 'pending' && (!resumed || (await this.attempts.resending('refunds', refund.id, key)))) {
-      const result = await this.psp.createRefund(
-        { chargeId: refund.charge_id, amountMinor: Number(refund.amount_minor), metadata: { refundId: refund.id, paymentId: refund.payment_id } },
-        refund.outbound_key,
-        key.deadline,
-      );
-      outcome = refundOutcome(result);
-    }
-    if (!outcome && refund.status === 'pending') {
-      await this.attempts.gaveUp(refund.id, key);
-      throw paymentPending(refund.id, 'refund');
-    }
-    // A refund settled meanwhile (a webhook) is answered from its row by the settlement.
-    const settled = await this.settlement.settleRefund(refund.id, outcome ?? recordedOutcome(refund.status, refund.provider_refund_id, refund.failure_code), key.leaseToken);
-    if (settled.kind === 'lost') throw paymentPending(refund.id, 'refund');
-    return settled.response;
-  }
-
-  /** The refund of a key being resumed. */
-  private async resumeRefund(keyId: string): Promise<string> {
-    const refundId = await this.attempts.ofKey('refunds', keyId);
-    if (!refundId) throw new Error(`refund key ${keyId} is unfinished but has no refund`);
-    return refundId;
+    return { id: refund.id };
   }
 
   async listPaymentRefunds(clientId: string, paymentId: string): Promise<RefundView[]> {
