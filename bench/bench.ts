@@ -257,6 +257,23 @@ async function pays(url: string, databaseUrl: string, name: string): Promise<Row
   });
 }
 
+/** Prints the rows as a Markdown table; returns the load line recorded with them. */
+function printRows(rows: Row[], loadAtStart: number, throughPooler: boolean): string {
+  const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
+  const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
+  const path = [throughPooler ? 'through PgBouncer (transaction mode)' : '', process.env.BENCH_SERVICE_ENV ? `service with ${process.env.BENCH_SERVICE_ENV}` : ''].filter(Boolean).join(', ');
+  console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)${path ? `; ${path}` : ''}; ${load}\n`);
+  console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
+  for (const r of rows) {
+    console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
+  }
+  console.log('(CPU from /proc: utime+stime of the service process; of this run\'s postmaster and all its children. "–": no service in the path.)');
+  for (const r of rows.filter((x) => x.sandboxCpuMs !== undefined)) {
+    console.log(`${r.name}: the sandbox's own process ${ms(r.sandboxCpuMs)} ms and its PostgreSQL ${ms(r.sandboxPgCpuMs)} ms of CPU per pay, apart from the columns above`);
+  }
+  return load;
+}
+
 /** The URL a started service (or sandbox) prints once it listens. */
 function listeningUrl(child: ChildProcess): Promise<string> {
   return new Promise<string>((res, rej) => {
@@ -370,6 +387,13 @@ async function main(): Promise<void> {
         rows.push({ name, rps: NaN, p50: NaN, p99: NaN, errors: NaN, requests: 0 });
       }
     };
+    const payName = `pay with tok_visa (new key and order each; sandbox ${sandboxApart ? 'in its own process' : 'in-process'})`;
+    // BENCH_ONLY=pay: the pay row alone (e.g. to profile the pay path with BENCH_SERVICE_ARGS='--cpu-prof').
+    if (process.env.BENCH_ONLY === 'pay') {
+      await tolerate(payName, () => pays(url, server.url, payName), payCpu);
+      printRows(rows, loadAtStart, pooler !== undefined);
+      return;
+    }
     rows.push(await measured(() => cannon('GET /health', `${url}/health`, {})));
     rows.push(
       await measured(() =>
@@ -417,22 +441,10 @@ async function main(): Promise<void> {
       return result.row;
     });
     rows.push(reference, stormRow);
-    const payName = `pay with tok_visa (new key and order each; sandbox ${sandboxApart ? 'in its own process' : 'in-process'})`;
     await tolerate(payName, () => pays(url, server.url, payName), payCpu);
 
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;
-    const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
-    const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
-    const path = [pooler ? 'through PgBouncer (transaction mode)' : '', process.env.BENCH_SERVICE_ENV ? `service with ${process.env.BENCH_SERVICE_ENV}` : ''].filter(Boolean).join(', ');
-    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)${path ? `; ${path}` : ''}; ${load}\n`);
-    console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
-    for (const r of rows) {
-      console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
-    }
-    console.log('(CPU from /proc: utime+stime of the service process; of this run\'s postmaster and all its children. "–": no service in the path.)');
-    for (const r of rows.filter((x) => x.sandboxCpuMs !== undefined)) {
-      console.log(`${r.name}: the sandbox's own process ${ms(r.sandboxCpuMs)} ms and its PostgreSQL ${ms(r.sandboxPgCpuMs)} ms of CPU per pay, apart from the columns above`);
-    }
+    const load = printRows(rows, loadAtStart, pooler !== undefined);
     const oneEach = executions.filter((n) => n === 1).length;
     const stormRatio = stormRow.p99 / reference.p99;
     console.log(`\ncreate / same SQL through pg: ${(byName('idempotent create').rps / byName('same SQL').rps).toFixed(2)}×`);
