@@ -12,6 +12,9 @@
  * those variables too (e.g. DATABASE_PREPARED_STATEMENTS=false, as behind a pooler that cannot keep them).
  * BENCH_PGBOUNCER=1 puts Debian's PgBouncer in transaction mode between the service and PostgreSQL (the tests'
  * harness, test/support/pgbouncer.ts): named statements off, migrations on the direct connection.
+ * The pay row calls the sandbox provider as its own process (`npm run psp`, on a PostgreSQL server of its own,
+ * the service pointed at it by PSP_BASE_URL), so the sandbox's CPU and its database's are counted apart from the
+ * service's; BENCH_PSP=in-process mounts it in the service instead, as measured before 2026-12-01's second half.
  */
 import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -49,23 +52,31 @@ interface Row {
   /** ms of CPU per request: the service process, and PostgreSQL (undefined where no service is involved). */
   serviceCpuMs?: number;
   pgCpuMs?: number;
+  /** ms of CPU per request of the out-of-process sandbox provider and of its own PostgreSQL (pay only). */
+  sandboxCpuMs?: number;
+  sandboxPgCpuMs?: number;
 }
 
 /** The processes whose CPU is sampled around each workload. */
 interface CpuTargets {
   servicePid?: number;
   postmaster: number;
+  sandbox?: { pid: number; postmaster: number };
 }
 
 /** Runs one workload and adds the CPU it cost per request, sampled from /proc before and after. */
 async function withCpu(targets: CpuTargets, workload: () => Promise<Row>): Promise<Row> {
   const service0 = processCpuMs(targets.servicePid);
   const pg0 = postgresCpuMs(targets.postmaster);
+  const sandbox0 = targets.sandbox && [processCpuMs(targets.sandbox.pid), postgresCpuMs(targets.sandbox.postmaster)];
   const row = await workload();
   const service = processCpuMs(targets.servicePid) - service0;
   const pgMs = postgresCpuMs(targets.postmaster) - pg0;
   const per = (ms: number) => (row.requests > 0 ? ms / row.requests : NaN);
-  return { ...row, serviceCpuMs: targets.servicePid ? per(service) : undefined, pgCpuMs: per(pgMs) };
+  const sandbox = targets.sandbox && sandbox0
+    ? { sandboxCpuMs: per(processCpuMs(targets.sandbox.pid) - sandbox0[0]), sandboxPgCpuMs: per(postgresCpuMs(targets.sandbox.postmaster) - sandbox0[1]) }
+    : {};
+  return { ...row, serviceCpuMs: targets.servicePid ? per(service) : undefined, pgCpuMs: per(pgMs), ...sandbox };
 }
 
 function percentile(sorted: number[], p: number): number {
@@ -225,8 +236,8 @@ async function storm(url: string, databaseUrl: string): Promise<{ row: Row; exec
 /** More created orders than a pay run can use up: each pay needs an order of its own. */
 const PAY_ORDERS = 20_000;
 
-/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3 plus two HTTP round trips to the in-process sandbox. */
-async function pays(url: string, databaseUrl: string): Promise<Row> {
+/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3, the call to the sandbox, its webhook. */
+async function pays(url: string, databaseUrl: string, name: string): Promise<Row> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 1 });
   const { rows } = await pool.query<{ id: string }>(
     `INSERT INTO orders (client_id, order_number, currency, total_minor) SELECT 'bench', 'pay-' || g, 'EUR', 4498 FROM generate_series(1, $1) g RETURNING id`,
@@ -234,7 +245,7 @@ async function pays(url: string, databaseUrl: string): Promise<Row> {
   );
   await pool.end();
   let next = 0;
-  return cannon('pay with tok_visa (new key and order each)', `${url}/orders`, {
+  return cannon(name, `${url}/orders`, {
     method: 'POST',
     headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
     body: JSON.stringify({ source: 'tok_visa' }),
@@ -246,6 +257,36 @@ async function pays(url: string, databaseUrl: string): Promise<Row> {
   });
 }
 
+/** Prints the rows as a Markdown table; returns the load line recorded with them. */
+function printRows(rows: Row[], loadAtStart: number, throughPooler: boolean): string {
+  const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
+  const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
+  const path = [throughPooler ? 'through PgBouncer (transaction mode)' : '', process.env.BENCH_SERVICE_ENV ? `service with ${process.env.BENCH_SERVICE_ENV}` : ''].filter(Boolean).join(', ');
+  console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)${path ? `; ${path}` : ''}; ${load}\n`);
+  console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
+  for (const r of rows) {
+    console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
+  }
+  console.log('(CPU from /proc: utime+stime of the service process; of this run\'s postmaster and all its children. "–": no service in the path.)');
+  for (const r of rows.filter((x) => x.sandboxCpuMs !== undefined)) {
+    console.log(`${r.name}: the sandbox's own process ${ms(r.sandboxCpuMs)} ms and its PostgreSQL ${ms(r.sandboxPgCpuMs)} ms of CPU per pay, apart from the columns above`);
+  }
+  return load;
+}
+
+/** The URL a started service (or sandbox) prints once it listens. */
+function listeningUrl(child: ChildProcess): Promise<string> {
+  return new Promise<string>((res, rej) => {
+    let out = '';
+    child.stdout!.on('data', (c: Buffer) => {
+      out += c.toString();
+      const m = /listening on (http:\/\/localhost:\d+)/.exec(out);
+      if (m) res(m[1].replace('localhost', '127.0.0.1'));
+    });
+    child.once('exit', (code) => rej(new Error(`${child.spawnargs.at(-1)} exited ${code}`)));
+  });
+}
+
 async function main(): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-bench-'));
   await chmod(dir, 0o755);
@@ -254,6 +295,8 @@ async function main(): Promise<void> {
   // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
   const server = await startEmbeddedPostgres({ dir: pgDir, port: await freePort(), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
   let service: ChildProcess | undefined;
+  let sandbox: ChildProcess | undefined;
+  let sandboxServer: Awaited<ReturnType<typeof startEmbeddedPostgres>> | undefined;
   let pooler: PgBouncer | undefined;
   // Ctrl-C or a kill skips `finally`: stop what this run started, then exit.
   let stopping = false;
@@ -261,7 +304,8 @@ async function main(): Promise<void> {
     if (stopping) return; // a Ctrl-C can arrive twice (from the terminal and from bench:compare)
     stopping = true;
     service?.kill('SIGKILL');
-    void Promise.allSettled([pooler?.stop(), server.stop()]).finally(() => process.exit(130));
+    sandbox?.kill('SIGKILL');
+    void Promise.allSettled([pooler?.stop(), server.stop(), sandboxServer?.stop()]).finally(() => process.exit(130));
   };
   process.on('SIGINT', onSignal).on('SIGTERM', onSignal);
   try {
@@ -276,30 +320,43 @@ async function main(): Promise<void> {
     const through = pooler
       ? { DATABASE_URL: pooler.pooledUrl(server.url), DATABASE_PREPARED_STATEMENTS: 'false', DATABASE_MIGRATION_URL: server.url }
       : { DATABASE_URL: server.url };
+    const webhookSecret = `whsec_${Buffer.from(SECRET).toString('base64')}`;
+    const servicePort = await freePort();
+    let provider: Record<string, string> = { PSP_SANDBOX: 'in-process' };
+    const sandboxApart = process.env.BENCH_PSP !== 'in-process';
+    if (sandboxApart) {
+      console.error('starting the sandbox provider (its own process and PostgreSQL)');
+      sandboxServer = await startEmbeddedPostgres({ dir: join(dir, 'psp-pg'), port: await freePort(), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+      sandbox = spawn(process.execPath, [fileURLToPath(new URL('../libs/psp-sandbox/src/main.js', import.meta.url))], {
+        env: {
+          PATH: process.env.PATH,
+          PSP_PORT: '0',
+          DATABASE_URL: sandboxServer.url,
+          // The service's port is chosen above: the relay's first webhook comes after the service is up.
+          PSP_WEBHOOK_URL: `http://127.0.0.1:${servicePort}/webhooks/psp`,
+          PSP_WEBHOOK_SECRET: webhookSecret,
+          LOG_LEVEL: 'warn',
+        },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
+      provider = { PSP_BASE_URL: `${await listeningUrl(sandbox)}/psp` };
+    }
     // BENCH_SERVICE_ARGS='--cpu-prof' profiles the service while it is measured.
     const nodeArgs = process.env.BENCH_SERVICE_ARGS?.split(' ').filter(Boolean) ?? [];
     service = spawn(process.execPath, [...nodeArgs, fileURLToPath(new URL('../src/main.js', import.meta.url))], {
       env: {
         PATH: process.env.PATH,
-        PORT: '0',
+        PORT: String(servicePort),
         ...through,
         API_KEYS: `bench:${SECRET}`,
-        PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(SECRET).toString('base64')}`,
-        PSP_SANDBOX: 'in-process',
+        PSP_WEBHOOK_SECRET: webhookSecret,
+        ...provider,
         LOG_LEVEL: 'warn',
         ...Object.fromEntries((process.env.BENCH_SERVICE_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.split('=')[0], pair.slice(pair.indexOf('=') + 1)])),
       },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
-    const url = await new Promise<string>((res, rej) => {
-      let out = '';
-      service!.stdout!.on('data', (c: Buffer) => {
-        out += c.toString();
-        const m = /listening on (http:\/\/localhost:\d+)/.exec(out);
-        if (m) res(m[1].replace('localhost', '127.0.0.1'));
-      });
-      service!.once('exit', (code) => rej(new Error(`service exited ${code}`)));
-    });
+    const url = await listeningUrl(service);
     const headers = { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' };
     const createWithNewKeys: Partial<autocannon.Options> = {
       method: 'POST',
@@ -312,6 +369,7 @@ async function main(): Promise<void> {
     // On a shared machine the other sessions' load is part of every number: printed and recorded beside them.
     const loadAtStart = loadavg()[0];
     const cpu: CpuTargets = { servicePid: service.pid, postmaster: postmasterPid(pgDir) };
+    const payCpu: CpuTargets = sandbox && sandboxServer ? { ...cpu, sandbox: { pid: sandbox.pid!, postmaster: postmasterPid(join(dir, 'psp-pg')) } } : cpu;
     const measured = (workload: () => Promise<Row>) => withCpu(cpu, workload);
     // Warm-up: JIT, pool, caches.
     await cannon('warm-up', `${url}/health`, { duration: 2 });
@@ -320,15 +378,22 @@ async function main(): Promise<void> {
     await cannon('warm-up', `${url}/orders`, { duration: 2, ...createWithNewKeys });
 
     const rows: Row[] = [];
-    const tolerate = async (name: string, workload: () => Promise<Row>) => {
+    const tolerate = async (name: string, workload: () => Promise<Row>, targets = cpu) => {
       try {
-        rows.push(await measured(workload));
+        rows.push(await withCpu(targets, workload));
       } catch (err) {
         // One broken workload (pay, before a provider client is wired) must not hide the others.
         console.error(`${name} failed:`, err);
         rows.push({ name, rps: NaN, p50: NaN, p99: NaN, errors: NaN, requests: 0 });
       }
     };
+    const payName = `pay with tok_visa (new key and order each; sandbox ${sandboxApart ? 'in its own process' : 'in-process'})`;
+    // BENCH_ONLY=pay: the pay row alone (e.g. to profile the pay path with BENCH_SERVICE_ARGS='--cpu-prof').
+    if (process.env.BENCH_ONLY === 'pay') {
+      await tolerate(payName, () => pays(url, server.url, payName), payCpu);
+      printRows(rows, loadAtStart, pooler !== undefined);
+      return;
+    }
     rows.push(await measured(() => cannon('GET /health', `${url}/health`, {})));
     rows.push(
       await measured(() =>
@@ -376,18 +441,10 @@ async function main(): Promise<void> {
       return result.row;
     });
     rows.push(reference, stormRow);
-    await tolerate('pay with tok_visa (new key and order each)', () => pays(url, server.url));
+    await tolerate(payName, () => pays(url, server.url, payName), payCpu);
 
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;
-    const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
-    const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
-    const path = [pooler ? 'through PgBouncer (transaction mode)' : '', process.env.BENCH_SERVICE_ENV ? `service with ${process.env.BENCH_SERVICE_ENV}` : ''].filter(Boolean).join(', ');
-    console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)${path ? `; ${path}` : ''}; ${load}\n`);
-    console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
-    for (const r of rows) {
-      console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
-    }
-    console.log('(CPU from /proc: utime+stime of the service process; of this run\'s postmaster and all its children. "–": no service in the path.)');
+    const load = printRows(rows, loadAtStart, pooler !== undefined);
     const oneEach = executions.filter((n) => n === 1).length;
     const stormRatio = stormRow.p99 / reference.p99;
     console.log(`\ncreate / same SQL through pg: ${(byName('idempotent create').rps / byName('same SQL').rps).toFixed(2)}×`);
@@ -413,11 +470,14 @@ async function main(): Promise<void> {
       await writeFile(process.env.BENCH_JSON, JSON.stringify(report, null, 2));
     }
   } finally {
-    if (service && service.exitCode === null) {
-      const exited = new Promise((r) => service!.once('exit', r));
-      service.kill('SIGTERM');
-      await exited;
+    for (const child of [service, sandbox]) {
+      if (child && child.exitCode === null && child.signalCode === null) {
+        const exited = new Promise((r) => child.once('exit', r));
+        child.kill('SIGTERM');
+        await exited;
+      }
     }
+    await sandboxServer?.stop();
     await pooler?.stop();
     await server.stop();
     await rm(dir, { recursive: true, force: true });

@@ -341,6 +341,24 @@ describe('psp webhook relay (outbox → signed POSTs)', () => {
     expect(rows[0]).toMatchObject({ type: 'charge.succeeded', attempts: 0, delivered_at: null });
   });
 
+  it('listens on a connection of its own, and listens again after that connection is killed', async () => {
+    const receiver = opened(await new Receiver().start());
+    // Direct to PostgreSQL even in a TEST_PGBOUNCER run (a choice of DATABASE_PREPARED_STATEMENTS keeps the direct URL): behind the pooler it polls instead.
+    const t = opened(await startTestApp({ PSP_WEBHOOK_URL: receiver.url, DATABASE_PREPARED_STATEMENTS: 'true' }));
+    const listeners = async () =>
+      (await t.db.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = 'psp-sandbox-listener' AND datname = current_database()`)).rows.map((r) => r.pid);
+    await until(async () => (await listeners()).length === 1, 'the relay listens');
+    const [first] = await listeners();
+    await t.db.query('SELECT pg_terminate_backend($1)', [first]);
+    await until(async () => {
+      const now = await listeners();
+      return now.length === 1 && now[0] !== first;
+    }, 'the relay listens again on a new connection');
+    const visa = await charge(t, 'tok_visa');
+    await until(async () => (await eventsOfCharge(t, visa.id))[0]?.delivered_at != null, 'the event is delivered');
+    expect(receiver.received).toHaveLength(1);
+  });
+
   it('an event not yet delivered when the app stops is delivered by the next app on the same database', async () => {
     const receiver = opened(await new Receiver().start());
     await receiver.stop();

@@ -96,28 +96,39 @@ try {
   console.log(`ours: ${ours.load}; peer: ${peer.load}\n`);
   console.log('| comparison | ours | reference | ratio | target (bench/README.md) | |\n|---|---:|---:|---:|---|---|');
   const line = (name, a, b, ratio, target, ok) => console.log(`| ${name} | ${a} | ${b} | ${ratio} | ${target} | ${verdict(ok)} |`);
+  // Every target of the performance contract (bench/README.md#targets), marked; a missed one is reported, not an exit code.
   const r1 = create.rps / peerNew.rps;
-  line('create (new key each) vs peer new key, req/s', f(create.rps, 0), f(peerNew.rps, 0), `${f(r1)}×`, '≥ 1.1×', r1 >= 1.1);
-  const r2 = replay.rps / peerReplay.rps;
-  line('replay vs peer replay, req/s', f(replay.rps, 0), f(peerReplay.rps, 0), `${f(r2)}×`, '≥ 1.1×', r2 >= 1.1);
+  line('create (new key each) vs peer new key, req/s', f(create.rps, 0), f(peerNew.rps, 0), `${f(r1)}×`, '≥ 1.25×', r1 >= 1.25);
   const r3 = create.rps / rawIdem.rps;
-  line('create vs raw pg order + idempotency row, req/s', f(create.rps, 0), f(rawIdem.rps, 0), `${f(r3)}×`, '≥ 0.7× (aim)', r3 >= 0.7);
+  line('create vs raw pg order + idempotency row, req/s', f(create.rps, 0), f(rawIdem.rps, 0), `${f(r3)}×`, '≥ 0.6×', r3 >= 0.6);
   line('create vs raw pg order only, req/s', f(create.rps, 0), f(rawPlain.rps, 0), `${f(create.rps / rawPlain.rps)}×`, '–', undefined);
-  line('service CPU ms per replay (vs the peer\'s)', f(replay.serviceCpuMs), f(peerReplay.serviceCpuMs), `${f(replay.serviceCpuMs / peerReplay.serviceCpuMs)}×`, '≤ 0.5 ms', replay.serviceCpuMs <= 0.5);
-  line('service CPU ms per GET /orders/:id', f(get.serviceCpuMs), '–', '–', '≤ 0.5 ms', get.serviceCpuMs <= 0.5);
+  const r2 = replay.rps / peerReplay.rps;
+  line('replay vs peer replay, req/s', f(replay.rps, 0), f(peerReplay.rps, 0), `${f(r2)}×`, '≥ 1.3×', r2 >= 1.3);
+  line('service CPU ms per replay (vs the peer\'s)', f(replay.serviceCpuMs), f(peerReplay.serviceCpuMs), `${f(replay.serviceCpuMs / peerReplay.serviceCpuMs)}×`, '≤ 0.3 ms', replay.serviceCpuMs <= 0.3);
+  line('service CPU ms per GET /orders/:id', f(get.serviceCpuMs), '–', '–', '≤ 0.4 ms', get.serviceCpuMs <= 0.4);
   line('service CPU ms per create (vs the peer\'s new key)', f(create.serviceCpuMs), f(peerNew.serviceCpuMs), `${f(create.serviceCpuMs / peerNew.serviceCpuMs)}×`, '–', undefined);
   line('PostgreSQL CPU ms per create (vs the peer\'s new key)', f(create.pgCpuMs), f(peerNew.pgCpuMs), `${f(create.pgCpuMs / peerNew.pgCpuMs)}×`, '–', undefined);
+  // The pay targets hold with the sandbox in its own process (its CPU apart); an in-process run (BENCH_PSP) is not judged.
+  const pay = o('pay with tok_visa'), payApart = pay?.sandboxCpuMs !== undefined;
+  const judged = (ok) => (payApart && pay.errors === 0 ? ok : undefined);
+  const sandboxNote = payApart ? `sandbox apart: ${f(pay.sandboxCpuMs)} + its PostgreSQL ${f(pay.sandboxPgCpuMs)}` : 'sandbox in-process: not judged';
+  line(`pay with tok_visa: service CPU ms per pay (${sandboxNote})`, f(pay?.serviceCpuMs), '–', '–', '≤ 6 ms', judged(pay?.serviceCpuMs <= 6));
+  line('pay with tok_visa: PostgreSQL CPU ms per pay (the service\'s server)', f(pay?.pgCpuMs), '–', '–', '≤ 5 ms', judged(pay?.pgCpuMs <= 5));
+  line(`pay with tok_visa: p99 ms at c=${ours.connections} (${f(pay?.rps, 0)} req/s, ${pay?.errors} errors)`, f(pay?.p99, 1), '–', '–', '≤ 400 ms', judged(pay?.p99 <= 400));
   const r4 = storm.p99 / reference.p99;
   line(`${ours.stormWidth}-way storm p99 vs ${ours.stormWidth} concurrent distinct replays p99, ms`, f(storm.p99, 1), f(reference.p99, 1), `${f(r4)}×`, '≤ 3×', r4 <= 3);
   line('storm errors', String(storm.errors), '–', '–', '0', storm.errors === 0);
   line('storm rounds with exactly one execution (orders per key)', `${once}/${ours.stormRounds}`, '–', '–', `${ours.stormRounds}/${ours.stormRounds}`, once === ours.stormRounds);
+  const judgedLines = [r1 >= 1.25, r3 >= 0.6, r2 >= 1.3, replay.serviceCpuMs <= 0.3, get.serviceCpuMs <= 0.4, judged(pay?.serviceCpuMs <= 6), judged(pay?.pgCpuMs <= 5), judged(pay?.p99 <= 400), r4 <= 3, storm.errors === 0, once === ours.stormRounds];
+  console.log(`\n${judgedLines.filter((x) => x === true).length} of ${judgedLines.length} targets met${judgedLines.includes(undefined) ? ` (${judgedLines.filter((x) => x === undefined).length} not judged)` : ''}; the exit code says only whether the runs worked.`);
 
   console.log('\n### All rows (CPU: ms per request, from /proc)\n');
   console.log('| run | workload | req/s | p50 ms | p99 ms | errors | service CPU | PostgreSQL CPU |\n|---|---|---:|---:|---:|---:|---:|---:|');
   for (const [who, rows] of [['ours', ours.rows], ['peer', peer.rows]]) {
     for (const r of rows) {
       const svc = r.serviceCpuMs ?? (r.clientCpuMs !== undefined ? `${f(r.clientCpuMs)} (pg client)` : undefined);
-      console.log(`| ${who} | ${r.name} | ${f(r.rps, 0)} | ${f(r.p50, 1)} | ${f(r.p99, 1)} | ${r.errors} | ${typeof svc === 'string' ? svc : f(svc)} | ${f(r.pgCpuMs)} |`);
+      const apart = r.sandboxCpuMs !== undefined ? ` (sandbox ${f(r.sandboxCpuMs)} + its PostgreSQL ${f(r.sandboxPgCpuMs)} apart)` : '';
+      console.log(`| ${who} | ${r.name} | ${f(r.rps, 0)} | ${f(r.p50, 1)} | ${f(r.p99, 1)} | ${r.errors} | ${typeof svc === 'string' ? svc : f(svc)}${apart} | ${f(r.pgCpuMs)} |`);
     }
   }
   console.log(`\n(JSON: ${oursFile}, ${peerFile})`);

@@ -1,6 +1,7 @@
 import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
 import pg from 'pg';
 import { ProblemException } from '../../../src/common/problem.js';
+import { poolerSuspicion } from '../../../src/database/pooler-check.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 
 /**
@@ -14,13 +15,25 @@ const CONNECT_WAIT_MS = 5_000;
 
 export type SandboxClient = Pick<pg.PoolClient, 'query'>;
 
+/** A LISTEN connection that dropped is opened again after this long (the relay polls fast meanwhile). */
+const RELISTEN_DELAY_MS = 1_000;
+
+/** What listen() reports: each notification, and whether the listener is up (false until it is, and after a drop). */
+export interface ListenHandlers {
+  notified(): void;
+  listening(up: boolean): void;
+}
+
 /** The sandbox's own `pg` pool on the service's database: raw SQL in the `psp` schema. */
 @Injectable()
 export class SandboxDatabase implements OnApplicationShutdown {
   private readonly logger = new Logger('PspSandbox');
   private readonly pool: pg.Pool;
 
+  private readonly databaseUrl: string;
+
   constructor(@Inject(SANDBOX_OPTIONS) options: SandboxOptions) {
+    this.databaseUrl = options.databaseUrl;
     this.pool = new pg.Pool({
       connectionString: options.databaseUrl,
       max: POOL_SIZE,
@@ -81,6 +94,66 @@ export class SandboxDatabase implements OnApplicationShutdown {
       }
       throw err;
     }
+  }
+
+  /**
+   * LISTENs on `channel` on a connection of its own (outside the pool: it is held for as long as the process
+   * runs), and opens it again whenever it drops. Behind a transaction pooler (the server's port is not the
+   * URL's, see pooler-check.ts) LISTEN would land on whichever server connection the pooler lends next, so
+   * it is not attempted: `available` false, and the caller keeps polling. Otherwise true; a first connection
+   * that fails is retried like a drop, and `listening` says when it is up. stop() closes it for good.
+   */
+  async listen(channel: string, on: ListenHandlers): Promise<{ available: boolean; stop(): Promise<void> }> {
+    let client: pg.Client | undefined;
+    let retry: NodeJS.Timeout | undefined;
+    let stopped = false;
+    const connect = async (): Promise<boolean> => {
+      const next = new pg.Client({ connectionString: this.databaseUrl, application_name: 'psp-sandbox-listener' });
+      // A drop (database restart) emits 'error' and then 'end': heard once, by 'end'.
+      next.on('error', (err) => this.logger.warn(`psp webhook listener connection failed: ${err.message}`));
+      next.on('notification', () => on.notified());
+      try {
+        await next.connect();
+        const [{ port }] = (await next.query<{ port: number | null }>('SELECT inet_server_port() AS port')).rows;
+        if (poolerSuspicion(this.databaseUrl, port)) {
+          await next.end();
+          return false;
+        }
+        await next.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+      } catch (err) {
+        this.logger.warn(`psp webhook listener could not start (${(err as Error).message}); polling until it can`);
+        await next.end().catch(() => undefined);
+        again();
+        return true;
+      }
+      if (stopped) {
+        await next.end();
+        return true;
+      }
+      client = next;
+      next.once('end', () => {
+        client = undefined;
+        on.listening(false);
+        again();
+      });
+      on.listening(true);
+      return true;
+    };
+    const again = () => {
+      if (stopped) return;
+      retry = setTimeout(() => void connect(), RELISTEN_DELAY_MS);
+    };
+    const available = await connect();
+    return {
+      available,
+      stop: async () => {
+        stopped = true;
+        clearTimeout(retry);
+        const open = client;
+        client = undefined;
+        await open?.end().catch(() => undefined);
+      },
+    };
   }
 
   /** After the HTTP server has stopped, so requests in flight finish their transactions first. */

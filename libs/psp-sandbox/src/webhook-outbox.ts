@@ -33,6 +33,9 @@ export interface RefundEventData {
  */
 export const DUPLICATE_SPREAD_MS = 1_000;
 
+/** Notified in the outbox row's transaction: the relays (webhook-relay.ts) LISTEN on it. */
+export const OUTBOX_CHANNEL = 'psp_webhook_outbox';
+
 /** Standard Webhooks' suggested `msg_` prefix + 96 random bits: the webhook-id of every copy and attempt. */
 const newEventId = () => `msg_${randomBytes(12).toString('hex')}`;
 
@@ -58,5 +61,7 @@ export async function enqueueWebhookEvent(
       [id, copy, type, JSON.stringify(data), delayMs],
     );
   }
+  // Delivered to the listening relays at COMMIT, and never for a rollback: they wake to a row they can see.
+  await client.query('SELECT pg_notify($1, $2)', [OUTBOX_CHANNEL, '']);
   return id;
 }

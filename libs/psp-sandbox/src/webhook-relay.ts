@@ -4,11 +4,17 @@ import type { Server } from 'node:http';
 import { Webhook } from 'standardwebhooks';
 import { SandboxDatabase } from './sandbox-database.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
-import type { WebhookEventType } from './webhook-outbox.js';
+import { OUTBOX_CHANNEL, type WebhookEventType } from './webhook-outbox.js';
 import { WebhookMetrics, type WebhookDeliveryResult } from './webhook-metrics.js';
 
-/** docs/contract.md#sandbox-provider: the relay looks for due events at least every 500 ms. */
+/**
+ * docs/contract.md#sandbox-provider: without a listener (behind a transaction pooler, or while the LISTEN
+ * connection is down) the relay looks for due events every 500 ms.
+ */
 export const POLL_INTERVAL_MS = 500;
+/** While listening: a commit's NOTIFY wakes the relay; this slow poll only catches a notification that was missed. */
+export const FALLBACK_POLL_MS = 10_000;
+
 /** Per round: small, so one round's sends stay well inside the lease even when every one times out. */
 export const BATCH_SIZE = 10;
 /** A receiver that has not answered in 5 s is treated as down; its event is retried later. */
@@ -76,6 +82,11 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
   private round: Promise<void> | undefined;
   private started = false;
   private lastBacklogLog = 0;
+  /** True while the LISTEN connection is up: then the relay sleeps until a notification or the next due row. */
+  private listening = false;
+  /** A notification arrived during a round: go again as soon as it ends. */
+  private wokenDuringRound = false;
+  private listener: { stop(): Promise<void> } | undefined;
 
   constructor(
     private readonly db: SandboxDatabase,
@@ -100,33 +111,71 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
     this.logger.log({ delivery: delivery.to === 'url' ? delivery.url : 'self', duplicates }, 'psp webhook relay started');
     this.started = true;
     this.schedule(0);
+    void this.startListening();
+  }
+
+  /** LISTEN where it works (see SandboxDatabase.listen); polling every POLL_INTERVAL_MS where it does not. */
+  private async startListening(): Promise<void> {
+    try {
+      const listener = await this.db.listen(OUTBOX_CHANNEL, {
+        notified: () => this.wake(),
+        listening: (up) => {
+          this.listening = up;
+          // Up again after a drop: notifications sent meanwhile are lost, so look now.
+          if (up) this.wake();
+        },
+      });
+      if (this.stopping.signal.aborted) return void (await listener.stop());
+      this.listener = listener;
+      if (!listener.available) this.logger.log('psp webhook relay polls every 500 ms: a transaction pooler is in between, where LISTEN cannot work');
+    } catch (err) {
+      this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'psp webhook listener failed to start; polling');
+    }
+  }
+
+  /** A row was committed (or may have been): run a round now, or right after the one running. */
+  private wake(): void {
+    if (this.stopping.signal.aborted) return;
+    if (this.round) {
+      this.wokenDuringRound = true;
+      return;
+    }
+    clearTimeout(this.timer);
+    this.schedule(0);
   }
 
   /** Stops polling, aborts the sends in flight and waits for their round to record the outcome: no timer survives. */
   async onModuleDestroy(): Promise<void> {
     this.stopping.abort();
     clearTimeout(this.timer);
+    await this.listener?.stop();
     await this.round;
   }
 
-  /** The next round starts after this one ended: rounds never overlap. A full batch means more is due: go again at once. */
+  /**
+   * The next round starts after this one ended: rounds never overlap. A full batch (or a notification during the
+   * round) means more is due: go again at once. Otherwise, listening: at the next row's due time (a retry's
+   * backoff, a duplicate's spread, a lease running out), at most FALLBACK_POLL_MS away; polling: POLL_INTERVAL_MS.
+   */
   private schedule(delayMs: number): void {
     if (this.stopping.signal.aborted) return;
     this.timer = setTimeout(() => {
       this.timer = undefined;
-      this.round = this.runRound().then((full) => {
+      this.round = this.runRound().then((next) => {
         this.round = undefined;
-        this.schedule(full ? 0 : POLL_INTERVAL_MS);
+        const woken = this.wokenDuringRound;
+        this.wokenDuringRound = false;
+        this.schedule(woken ? 0 : next);
       });
     }, delayMs);
   }
 
-  /** One round; never throws (a failed round is logged and the next one tries again). True when the batch was full. */
-  private async runRound(): Promise<boolean> {
+  /** One round; never throws (a failed round is logged and the next one tries again). Resolves with the wait until the next. */
+  private async runRound(): Promise<number> {
     try {
       const url = this.targetUrl();
       // `self` before app.listen(): nothing to send to yet.
-      if (!url) return false;
+      if (!url) return POLL_INTERVAL_MS;
       const due = await this.claimDue();
       // allSettled: one failed bookkeeping write must not end the round (and let shutdown close the
       // pool) while the other sends are still in flight. A row whose write failed is retried when its lease runs out.
@@ -135,11 +184,20 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
         if (outcome.status === 'rejected') this.logger.warn({ err: outcome.reason instanceof Error ? outcome.reason.message : String(outcome.reason) }, 'psp webhook outcome not recorded; due again when its lease runs out');
       }
       await this.logBacklog();
-      return due.length === BATCH_SIZE;
+      if (due.length === BATCH_SIZE) return 0;
+      return this.listening ? await this.untilNextDue() : POLL_INTERVAL_MS;
     } catch (err) {
       this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'psp webhook relay round failed');
-      return false;
+      return POLL_INTERVAL_MS;
     }
+  }
+
+  /** ms until the earliest undelivered row is due (0 if one is due now), capped at FALLBACK_POLL_MS. */
+  private async untilNextDue(): Promise<number> {
+    const [next] = await this.db.query<{ ms: number | null }>(
+      `SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int AS ms FROM psp.webhook_outbox WHERE delivered_at IS NULL`,
+    );
+    return next.ms === null ? FALLBACK_POLL_MS : Math.min(FALLBACK_POLL_MS, Math.max(0, next.ms));
   }
 
   /** `self`: this service's /webhooks/psp on the port it listens on (0 in tests: known only once it listens). */
