@@ -1,6 +1,7 @@
 import { ConfigurableModuleBuilder, type HttpException } from '@nestjs/common';
 import type { Registry } from 'prom-client';
-import type { Problem } from './problem-details.js';
+import { defaultProblemType } from './idempotency-key-header.js';
+import { type Problem, problemOf } from './problem-details.js';
 
 /** What a request looks like to the layer, on Express or Fastify alike. */
 export interface IdempotentRequest {
@@ -51,9 +52,8 @@ export interface IdempotencyModuleOptions {
 }
 
 /** The options with every default filled in: what the layer's services read. */
-export interface ResolvedIdempotencyOptions extends Required<Omit<IdempotencyModuleOptions, 'metrics' | 'renderError'>> {
+export interface ResolvedIdempotencyOptions extends Required<Omit<IdempotencyModuleOptions, 'metrics'>> {
   metrics: Registry | false;
-  renderError?: IdempotencyModuleOptions['renderError'];
 }
 
 export const DEFAULT_REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'retry-after'] as const;
@@ -72,8 +72,8 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     reaper: options.reaper ?? true,
     preparedStatements: options.preparedStatements ?? true,
     escapingWrites: options.escapingWrites ?? (process.env.NODE_ENV === 'production' ? 'log' : 'refuse'),
-    problemType: options.problemType ?? ((slug) => `urn:idempotency:problem:${slug}`),
-    renderError: options.renderError,
+    problemType: options.problemType ?? defaultProblemType,
+    renderError: options.renderError ?? problemOf,
   };
 }
 

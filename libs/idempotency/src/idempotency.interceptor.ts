@@ -10,7 +10,7 @@ import { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metri
 import { type Claim, IdempotencyKeysService, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
 import { IdempotencyProblems } from './idempotency-problems.js';
 import { KeyLines } from './key-lines.js';
-import { problemOf, PROBLEM_CONTENT_TYPE, type ProblemDetailsException } from './problem-details.js';
+import { PROBLEM_CONTENT_TYPE, type ProblemDetailsException } from './problem-details.js';
 import { type CompletedKey, keySlot, readClocks, ReplayCache } from './replay-cache.js';
 import { type IdempotentReply, pickHeaders, writeStoredResponse } from './stored-response.js';
 
@@ -180,7 +180,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       // Validation errors, auth, 5xx, and temporary refusals (they carry Retry-After: ask again later,
       // e.g. a cancel while a payment is pending): thrown on, the transaction rolls back, the key is free again.
       if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus())) throw err;
-      const { problem, headers } = (this.options.renderError ?? problemOf)(err);
+      const { problem, headers } = this.options.renderError(err);
       if (isTemporary(headers)) throw err;
       this.db.rollbackToSavepoint(SAVEPOINT);
       // Sent by the layer itself, not by the app's exception filter: the first answer is the stored bytes, like every replay.

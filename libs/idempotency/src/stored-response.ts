@@ -3,6 +3,9 @@ import { PROBLEM_CONTENT_TYPE, type ProblemDetailsException } from './problem-de
 
 const JSON_CONTENT_TYPE = 'application/json; charset=utf-8';
 
+/** Headers a handler sets for the write it made: on an answer that does not carry them (a rolled-back outcome), they are removed. */
+const OUTCOME_HEADERS = ['location', 'etag'];
+
 /** What the layer does with a reply: the methods Fastify's reply and Express's response share. */
 export interface IdempotentReply {
   statusCode: number;
@@ -41,9 +44,9 @@ export function pickHeaders(headers: Record<string, unknown>, replayed: readonly
  * those bytes. Headers a handler set for an outcome that was rolled back (a Location before it threw)
  * are not the answer's: only the stored ones go out.
  */
-export function writeStoredResponse(res: IdempotentReply, response: StoredResponse, replayed: boolean, dropped: readonly string[] = ['location', 'etag']): string {
+export function writeStoredResponse(res: IdempotentReply, response: StoredResponse, replayed: boolean): string {
   res.status(response.status);
-  for (const name of dropped) if (!(name in response.headers)) res.removeHeader(name);
+  for (const name of OUTCOME_HEADERS) if (!(name in response.headers)) res.removeHeader(name);
   for (const [name, value] of Object.entries(response.headers)) res.header(name, value);
   if (replayed) res.header('Idempotent-Replayed', 'true');
   return response.body;
