@@ -293,7 +293,10 @@ async function main(): Promise<void> {
   console.error('starting PostgreSQL');
   const pgDir = join(dir, 'pg');
   // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
-  const server = await startEmbeddedPostgres({ dir: pgDir, port: await freePort(), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+  // Over the Unix socket, as `npm start` and the peer's runs are; BENCH_SOCKET=0 measures loopback TCP instead.
+  const viaSocket = process.env.BENCH_SOCKET !== '0';
+  const server = await startEmbeddedPostgres({ dir: pgDir, port: await freePort(), socket: viaSocket, log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+  const dbUrl = server.socketUrl ?? server.url;
   let service: ChildProcess | undefined;
   let sandbox: ChildProcess | undefined;
   let sandboxServer: Awaited<ReturnType<typeof startEmbeddedPostgres>> | undefined;
@@ -310,7 +313,7 @@ async function main(): Promise<void> {
   process.on('SIGINT', onSignal).on('SIGTERM', onSignal);
   try {
     // Two connections: applyMigrations holds one for its advisory lock while TypeORM migrates on another.
-    const setup = new DataSource(typeormOptions(server.url, { lockTimeoutMs: 10_000, poolSize: 2 }));
+    const setup = new DataSource(typeormOptions(dbUrl, { lockTimeoutMs: 10_000, poolSize: 2 }));
     await setup.initialize();
     await applyMigrations(setup);
     console.error('migrated; starting the service');
@@ -319,19 +322,19 @@ async function main(): Promise<void> {
     if (process.env.BENCH_PGBOUNCER === '1') pooler = await startPgBouncer(server.url, await freePort());
     const through = pooler
       ? { DATABASE_URL: pooler.pooledUrl(server.url), DATABASE_PREPARED_STATEMENTS: 'false', DATABASE_MIGRATION_URL: server.url }
-      : { DATABASE_URL: server.url };
+      : { DATABASE_URL: dbUrl };
     const webhookSecret = `whsec_${Buffer.from(SECRET).toString('base64')}`;
     const servicePort = await freePort();
     let provider: Record<string, string> = { PSP_SANDBOX: 'in-process' };
     const sandboxApart = process.env.BENCH_PSP !== 'in-process';
     if (sandboxApart) {
       console.error('starting the sandbox provider (its own process and PostgreSQL)');
-      sandboxServer = await startEmbeddedPostgres({ dir: join(dir, 'psp-pg'), port: await freePort(), log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+      sandboxServer = await startEmbeddedPostgres({ dir: join(dir, 'psp-pg'), port: await freePort(), socket: viaSocket, log: (l) => process.env.BENCH_DEBUG && console.error(l) });
       sandbox = spawn(process.execPath, [fileURLToPath(new URL('../libs/psp-sandbox/src/main.js', import.meta.url))], {
         env: {
           PATH: process.env.PATH,
           PSP_PORT: '0',
-          DATABASE_URL: sandboxServer.url,
+          DATABASE_URL: sandboxServer.socketUrl ?? sandboxServer.url,
           // The service's port is chosen above: the relay's first webhook comes after the service is up.
           PSP_WEBHOOK_URL: `http://127.0.0.1:${servicePort}/webhooks/psp`,
           PSP_WEBHOOK_SECRET: webhookSecret,
@@ -388,9 +391,14 @@ async function main(): Promise<void> {
       }
     };
     const payName = `pay with tok_visa (new key and order each; sandbox ${sandboxApart ? 'in its own process' : 'in-process'})`;
-    // BENCH_ONLY=pay: the pay row alone (e.g. to profile the pay path with BENCH_SERVICE_ARGS='--cpu-prof').
+    // BENCH_ONLY=pay or create: that row alone (e.g. to profile it with BENCH_SERVICE_ARGS='--cpu-prof').
     if (process.env.BENCH_ONLY === 'pay') {
-      await tolerate(payName, () => pays(url, server.url, payName), payCpu);
+      await tolerate(payName, () => pays(url, dbUrl, payName), payCpu);
+      printRows(rows, loadAtStart, pooler !== undefined);
+      return;
+    }
+    if (process.env.BENCH_ONLY === 'create') {
+      rows.push(await measured(() => cannon('idempotent create (new key each)', `${url}/orders`, createWithNewKeys)));
       printRows(rows, loadAtStart, pooler !== undefined);
       return;
     }
@@ -400,7 +408,7 @@ async function main(): Promise<void> {
         cannon('idempotent create (new key each)', `${url}/orders`, createWithNewKeys),
       ),
     );
-    rows.push(await withCpu({ postmaster: cpu.postmaster }, () => directCreates(server.url)));
+    rows.push(await withCpu({ postmaster: cpu.postmaster }, () => directCreates(dbUrl)));
     const replayKeys = Array.from({ length: 100 }, () => randomUUID());
     for (const key of replayKeys) await post(url, key);
     let next = 0;
@@ -436,12 +444,12 @@ async function main(): Promise<void> {
     const reference = await measured(() => distinctReplays(url, distinctKeys));
     let executions: number[] = [];
     const stormRow = await measured(async () => {
-      const result = await storm(url, server.url);
+      const result = await storm(url, dbUrl);
       executions = result.executions;
       return result.row;
     });
     rows.push(reference, stormRow);
-    await tolerate(payName, () => pays(url, server.url, payName), payCpu);
+    await tolerate(payName, () => pays(url, dbUrl, payName), payCpu);
 
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;
     const load = printRows(rows, loadAtStart, pooler !== undefined);

@@ -85,6 +85,24 @@ describe('one embedded data folder, one owner', () => {
     expect(alive(postmasterPid)).toBe(true);
   }, TIMEOUT_MS);
 
+  it('the service reaches its embedded PostgreSQL over the Unix socket in the data folder, not over TCP', async () => {
+    expect((await health()).status).toBe(200);
+    const observer = new Client({ connectionString: `postgres://postgres:postgres@127.0.0.1:${env.EMBEDDED_PG_PORT}/postgres` });
+    await observer.connect();
+    try {
+      // PostgreSQL reports client_port -1 for a connection over a Unix-domain socket.
+      const { rows } = await observer.query<{ unix: number; tcp: number }>(
+        `SELECT count(*) FILTER (WHERE client_port = -1)::int AS unix, count(*) FILTER (WHERE client_port <> -1)::int AS tcp
+           FROM pg_stat_activity WHERE application_name = 'idempotent-orders'`,
+      );
+      expect(rows[0]).toEqual({ unix: expect.any(Number), tcp: 0 });
+      expect(rows[0].unix).toBeGreaterThan(0);
+    } finally {
+      await observer.end();
+    }
+    expect(existsSync(join(env.EMBEDDED_PG_DIR, `.s.PGSQL.${env.EMBEDDED_PG_PORT}`))).toBe(true);
+  }, TIMEOUT_MS);
+
   it('a second start on the same folder is refused in one line naming the holder and what to set; the first keeps serving', async () => {
     const second = await runServiceToExit({ ...env, PORT: '0' });
     expect(second.code).toBe(1);

@@ -59,7 +59,7 @@ export async function stopChild(child, signal = 'SIGTERM') {
   clearTimeout(t);
 }
 
-/** A fresh embedded PostgreSQL in a temp folder, removed on stop. Returns { url, dataDir, postmaster }. */
+/** A fresh embedded PostgreSQL in a temp folder, removed on stop, reached as ours is (its Unix socket unless BENCH_SOCKET=0). Returns { url, dataDir, postmaster }. */
 export async function startPostgres(tag) {
   const { startEmbeddedPostgres } = await import(dist('src/database/embedded-postgres.js'));
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `idempotent-orders-${tag}-`));
@@ -68,10 +68,10 @@ export async function startPostgres(tag) {
   // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
   const port = await freePort();
   onStop(() => fs.rmSync(dir, { recursive: true, force: true }));
-  const server = await startEmbeddedPostgres({ dir: dataDir, port, log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+  const server = await startEmbeddedPostgres({ dir: dataDir, port, socket: process.env.BENCH_SOCKET !== '0', log: (l) => process.env.BENCH_DEBUG && console.error(l) });
   onStop(() => server.stop());
   const { postmasterPid } = await import(dist('bench/proc-cpu.js'));
-  return { url: server.url, dataDir, postmaster: postmasterPid(dataDir) };
+  return { url: server.socketUrl ?? server.url, dataDir, postmaster: postmasterPid(dataDir) };
 }
 
 export function hasRedis() {

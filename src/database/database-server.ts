@@ -84,10 +84,11 @@ export async function openDatabaseServer(config: DatabaseConfig, { shareRunning 
   try {
     const running = shareRunning ? await runningEmbeddedServer(config.embeddedPgDir) : undefined;
     // Its owner stops it; this process only connects.
-    if (running) return { url: running.url, embedded: true, sharedWith: running.owner, stop: () => Promise.resolve() };
+    if (running) return { url: running.socketUrl ?? running.url, embedded: true, sharedWith: running.owner, stop: () => Promise.resolve() };
     // In a session of its own: Ctrl-C reaches this process alone, which stops the server after draining.
-    const server = await startEmbeddedPostgres({ dir: config.embeddedPgDir, port: config.embeddedPgPort, ownSession: true });
-    return { url: server.url, embedded: true, stop: () => server.stop() };
+    // Over its Unix socket when the folder's path allows one: every round trip costs less CPU on both sides.
+    const server = await startEmbeddedPostgres({ dir: config.embeddedPgDir, port: config.embeddedPgPort, ownSession: true, socket: true });
+    return { url: server.socketUrl ?? server.url, embedded: true, stop: () => server.stop() };
   } catch (err) {
     // Its refusals (a folder or port in use) are complete sentences: a StartupError, printed alone.
     throw err instanceof EmbeddedPostgresError ? new StartupError(err.message, { cause: err }) : err;
