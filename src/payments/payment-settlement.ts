@@ -70,7 +70,8 @@ export class PaymentSettlement {
     const lock = await this.lockKey(payment.idempotency_key_id, leaseToken, outcome);
     if (lock.kind !== 'locked') return lock.kind === 'lost' ? lock : { kind: 'answered', response: lock.response, changed: false };
     const key = lock.key;
-    await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [payment.order_id]);
+    // The next lock in the lock order; it rides with the UPDATE, which is sent after it and so locks the payment after it.
+    this.db.defer(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [payment.order_id]);
     const [settled] = await this.db.query<PaymentRow>(
       `UPDATE payments
           SET status = $2, provider_transaction_id = coalesce($3, provider_transaction_id), failure_code = $4, updated_at = now()
@@ -84,7 +85,7 @@ export class PaymentSettlement {
     // The provider confirms a charge, but the payment was settled otherwise first (failed as never reached, or paid
     // with another charge): that money is not ours to keep, and dropping the confirmation would keep it.
     const lateRefundId = !settled && outcome.status === 'succeeded' && isLateCharge(current, outcome.providerId) ? await this.recordLateCharge(current, outcome.providerId, foundBy) : undefined;
-    const answered = await this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
+    const answered = this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
     return answered.kind === 'answered' && lateRefundId ? { ...answered, lateRefundId } : answered;
   }
 
@@ -107,7 +108,8 @@ export class PaymentSettlement {
     const lock = await this.lockKey(refund.idempotency_key_id, leaseToken, outcome);
     if (lock.kind !== 'locked') return lock.kind === 'lost' ? lock : { kind: 'answered', response: lock.response, changed: false };
     const key = lock.key;
-    await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
+    // Order, then payment, in one write: the lock order holds, as the statements run in the order sent.
+    this.db.defer(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [refund.payment_id]);
     const [settled] = await this.db.query<RefundRow>(
       `UPDATE refunds
@@ -187,9 +189,9 @@ export class PaymentSettlement {
   }
 
   /** Completes the key with `answer` when it is still open; when someone completed it first, their stored answer wins. */
-  private async answer(key: KeyLock | undefined, keyId: string | null, answer: StoredResponse, changed: boolean): Promise<Settled> {
+  private answer(key: KeyLock | undefined, keyId: string | null, answer: StoredResponse, changed: boolean): Settled {
     if (key?.owned && keyId) {
-      await this.phases.complete(keyId, answer);
+      this.phases.complete(keyId, answer);
       return { kind: 'answered', response: answer, changed };
     }
     return { kind: 'answered', response: key && !key.owned && key.response ? key.response : answer, changed };

@@ -59,7 +59,7 @@ export class PaymentsService {
    * checked, and the payment inserted pending with its outbound key. A stored refusal (404, 409)
    * is returned; a temporary one (another payment in progress) is thrown, so the key is released.
    */
-  private async createPendingPayment(clientId: string, orderId: string, source: string, keyId: string): Promise<{ id: string } | { refusal: ProblemException }> {
+  private async createPendingPayment(clientId: string, orderId: string, source: string, keyId: string): Promise<{ row: PaymentRow } | { refusal: ProblemException }> {
     const [order] = isUUID(orderId)
       ? await this.db.query<{ status: OrderStatus; total_minor: string; currency: string }>(
           `SELECT status, total_minor, currency FROM orders WHERE id = $1 AND client_id = $2 FOR UPDATE`,
@@ -78,7 +78,7 @@ export class PaymentsService {
        RETURNING ${PAYMENT_COLUMNS}`,
       [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
     );
-    if (payment) return { id: payment.id };
+    if (payment) return { row: payment };
     const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
     throw paymentInProgress(active?.id ?? 'unknown');
   }

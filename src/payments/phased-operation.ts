@@ -20,13 +20,13 @@ export type PhasedRow = Pick<PaymentRow, 'id' | 'status' | 'created_at'>;
 /**
  * What differs between a payment and a refund; the phases, the resume and the fencing are PhasedOperation's.
  * `table` names the subject; `create` is phase 1's writes in the claim's transaction (the pending row, or a refusal stored as the answer),
- * ending at recovery point `created`; `find` looks the row up at the provider (a resume asks it first); `send`
+ * ending at recovery point `created`; `load` reads the row of a resumed key; `find` looks the row up at the provider (a resume asks it first); `send`
  * calls out under the row's outbound key by the holder's deadline; `recorded` is what the row already says.
  */
 export interface PhasedSubject<Row extends PhasedRow> {
   table: AttemptTable;
   created: string;
-  create(keyId: string): Promise<{ id: string } | { refusal: ProblemException }>;
+  create(keyId: string): Promise<{ row: Row } | { refusal: ProblemException }>;
   load(id: string): Promise<Row[]>;
   find(row: Row): Promise<ProviderOutcome | undefined>;
   send(row: Row, deadline: number): Promise<ProviderOutcome | undefined>;
@@ -34,7 +34,8 @@ export interface PhasedSubject<Row extends PhasedRow> {
   settle(id: string, outcome: ProviderOutcome, leaseToken: string): Promise<Settled>;
 }
 
-type Phase1 = { answer: KeyAnswer } | { key: LeasedKey; id: string; resumed: boolean };
+/** `row`: the pending row phase 1 inserted, as it committed; a resumed key's row is read again (it may have moved on). */
+type Phase1<Row> = { answer: KeyAnswer } | { key: LeasedKey; id: string; row?: Row; resumed: boolean };
 
 /**
  * A payment or refund in atomic phases (docs/contract.md#payments-and-refunds): the provider call cannot join our
@@ -54,12 +55,12 @@ export class PhasedOperation {
   async run<Row extends PhasedRow>(scope: KeyScope, subject: PhasedSubject<Row>): Promise<KeyAnswer> {
     const phase1 = await this.start(scope, subject);
     if ('answer' in phase1) return phase1.answer;
-    return { response: await this.callAndSettle(subject, phase1.key, phase1.id, phase1.resumed), replayed: false };
+    return { response: await this.callAndSettle(subject, phase1), replayed: false };
   }
 
   /** Phase 1: the key acquired and, for a new key, the pending row written, in one transaction. */
-  private start<Row extends PhasedRow>(scope: KeyScope, subject: PhasedSubject<Row>): Promise<Phase1> {
-    return this.db.transaction(async (): Promise<Phase1> => {
+  private start<Row extends PhasedRow>(scope: KeyScope, subject: PhasedSubject<Row>): Promise<Phase1<Row>> {
+    return this.db.transaction(async (): Promise<Phase1<Row>> => {
       const acquired = await this.phases.acquire(scope);
       if (acquired.kind === 'completed') return { answer: { response: acquired.response, replayed: true } };
       if (acquired.kind === 'resumed') {
@@ -74,13 +75,13 @@ export class PhasedOperation {
       const created = await subject.create(acquired.key.id);
       if ('refusal' in created) {
         const response = problemResponse(created.refusal);
-        await this.phases.complete(acquired.key.id, response);
+        this.phases.complete(acquired.key.id, response);
         return { answer: { response, replayed: false } };
       }
       // This holder calls the provider only before its lease ends: the bound every later decision waits out.
-      this.attempts.firstAttempt(subject.table, created.id, acquired.key.id);
+      this.attempts.firstAttempt(subject.table, created.row.id, acquired.key.id);
       this.phases.setRecoveryPoint(acquired.key, subject.created);
-      return { key: acquired.key, id: created.id, resumed: false };
+      return { key: acquired.key, id: created.row.id, row: created.row, resumed: false };
     });
   }
 
@@ -90,8 +91,9 @@ export class PhasedOperation {
    * dedupes with an earlier attempt that lands late. Past the re-send window (ProviderAttempts.mayResend) it sends
    * nothing and decides by lookups, as the reconciler does. An unknown outcome releases the lease and answers 503: NOT stored.
    */
-  private async callAndSettle<Row extends PhasedRow>(subject: PhasedSubject<Row>, key: LeasedKey, id: string, resumed: boolean): Promise<StoredResponse> {
-    const [row] = await subject.load(id);
+  private async callAndSettle<Row extends PhasedRow>(subject: PhasedSubject<Row>, { key, id, row: inserted, resumed }: Extract<Phase1<Row>, { key: LeasedKey }>): Promise<StoredResponse> {
+    // Only this holder can have moved a row it has just inserted (it holds the lease, and nothing was sent yet).
+    const row = inserted ?? (await subject.load(id))[0];
     const what = subject.table === 'payments' ? 'payment' : 'refund';
     if (resumed && row.status === 'pending' && !this.attempts.mayResend(row.created_at)) {
       const decided = await this.reconciler.decide(key);

@@ -50,7 +50,12 @@ export class RefundsService {
   }
 
   /** Phase 1: order then payment locked (the one lock order), checked, the amount reserved, the refund inserted pending. */
-  private async createPendingRefund(clientId: string, paymentId: string, amountMinor: number | undefined, keyId: string): Promise<{ id: string } | { refusal: ProblemException }> {
+  private async createPendingRefund(
+    clientId: string,
+    paymentId: string,
+    amountMinor: number | undefined,
+    keyId: string,
+  ): Promise<{ row: RefundRow & { charge_id: string } } | { refusal: ProblemException }> {
     const [found] = isUUID(paymentId) ? await this.db.query<{ order_id: string }>(`SELECT order_id FROM payments WHERE id = $1 AND client_id = $2`, [paymentId, clientId]) : [];
     if (!found) return { refusal: paymentNotFound(paymentId) };
     const [order] = await this.db.query<{ status: OrderStatus }>(`SELECT status FROM orders WHERE id = $1 FOR UPDATE`, [found.order_id]);
@@ -72,7 +77,8 @@ export class RefundsService {
        RETURNING ${REFUND_COLUMNS}`,
       [clientId, paymentId, keyId, amount, outboundKeyOf('refund', '')],
     );
-    return { id: refund.id };
+    // The charge it refunds, as `load` joins it: a succeeded payment's charge never changes.
+    return { row: { ...refund, charge_id: payment.provider_transaction_id! } };
   }
 
   async listPaymentRefunds(clientId: string, paymentId: string): Promise<RefundView[]> {

@@ -256,10 +256,11 @@ export class AtomicPhases {
 
   /**
    * Completes the key with the answer the request gets (and every retry after it), in the
-   * transaction that settled the outcome. From then on the key expires after IDEMPOTENCY_TTL_SECONDS.
+   * transaction that settled the outcome (sent with its next statement or its COMMIT; nobody reads
+   * its result). From then on the key expires after IDEMPOTENCY_TTL_SECONDS.
    */
-  async complete(keyId: string, response: StoredResponse): Promise<void> {
-    await this.db.query(
+  complete(keyId: string, response: StoredResponse): void {
+    this.db.defer(
       `UPDATE idempotency_keys
           SET state = 'completed', recovery_point = 'finished', response_status = $2, response_headers = $3,
               response_body = $4, completed_at = now(), expires_at = now() + make_interval(secs => $5),
