@@ -18,7 +18,7 @@
  */
 import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { mkdtemp, rm, chmod, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -91,19 +91,25 @@ async function cannon(name: string, url: string, opts: Partial<autocannon.Option
 
 /**
  * The service's SQL for one idempotent create, issued directly and sent as the service sends it: pipelined,
- * named statements, three round trips (BEGIN + claim, SAVEPOINT + order and lines, record + COMMIT).
+ * named statements, three round trips (BEGIN and its settings + the key's lock and look-up, SAVEPOINT + order
+ * and lines, the completed key's one insert + COMMIT).
  */
 async function directCreates(url: string): Promise<Row> {
   const pool = new pg.Pool({ connectionString: url, max: 20, pipeline: true });
-  const claim = `WITH claimed AS (INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, expires_at)
-      VALUES ($1, $2, $3, 'POST', '/orders', now() + make_interval(secs => 86400)) ON CONFLICT ON CONSTRAINT uq_idempotency_keys_client_key DO NOTHING
-      RETURNING id, true AS claimed) SELECT * FROM claimed UNION ALL SELECT id, false FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
-  const insertOrder = `WITH o AS (INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note) VALUES ($1, $2, 'EUR', 4498, NULL, NULL)
+  const begin = 'BEGIN; SET LOCAL lock_timeout = 5000; SET LOCAL statement_timeout = 30000; SET LOCAL idle_in_transaction_session_timeout = 60000';
+  const lockKey = 'SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked';
+  const findKey = `SELECT id, fingerprint, state, expires_at <= now() AS expired, response_status, response_headers, response_body
+      FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
+  const insertOrder = `WITH o AS (INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note, creation_digest)
+      VALUES ($1, $2, 'EUR', 4498, NULL, NULL, $6)
       ON CONFLICT ON CONSTRAINT uq_orders_client_order_number DO NOTHING RETURNING ${ORDER_TABLE_COLUMNS}),
       lines AS (INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_minor)
       SELECT o.id, l.line_no, l.sku, l.quantity, l.unit_price_minor FROM o, unnest($3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY AS l(sku, quantity, unit_price_minor, line_no))
       SELECT ${ORDER_TABLE_COLUMNS} FROM o`;
-  const record = `UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = $2, response_body = $3, completed_at = now() WHERE id = $1`;
+  const recordKey = `INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, state,
+      response_status, response_headers, response_body, completed_at, expires_at)
+      VALUES ($1, $2, $3, 'POST', '/orders', 'completed', 201, $4, $5, now(), now() + make_interval(secs => 86400))`;
+  const digest = createHash('sha256').update(BODY).digest('hex');
   const latencies: number[] = [];
   let errors = 0;
   const deadline = performance.now() + DURATION_S * 1000;
@@ -112,16 +118,19 @@ async function directCreates(url: string): Promise<Row> {
       const started = performance.now();
       const client = await pool.connect();
       try {
-        const [, claimed] = await Promise.all([
-          client.query('BEGIN'),
-          client.query<{ id: string }>({ name: 'claim', text: claim, values: ['bench', randomUUID(), 'f'] }),
+        const key = randomUUID();
+        const [, locked] = await Promise.all([
+          client.query(begin),
+          client.query<{ locked: boolean }>({ name: 'lock-key', text: lockKey, values: ['bench', key] }),
+          client.query({ name: 'find-key', text: findKey, values: ['bench', key] }),
         ]);
+        if (!locked.rows[0].locked) throw new Error('a new key was locked');
         await Promise.all([
           client.query('SAVEPOINT idempotent_handler'),
-          client.query({ name: 'insert-order', text: insertOrder, values: ['bench', `ord_${randomUUID()}`, ['SKU-1', 'SKU-2'], [2, 1], [1999, 500]] }),
+          client.query({ name: 'insert-order', text: insertOrder, values: ['bench', `ord_${randomUUID()}`, ['SKU-1', 'SKU-2'], [2, 1], [1999, 500], digest] }),
         ]);
         await Promise.all([
-          client.query({ name: 'record', text: record, values: [claimed.rows[0].id, { 'content-type': 'application/json; charset=utf-8' }, BODY] }),
+          client.query({ name: 'record-key', text: recordKey, values: ['bench', key, digest, { 'content-type': 'application/json; charset=utf-8' }, BODY] }),
           client.query('COMMIT'),
         ]);
       } catch {
