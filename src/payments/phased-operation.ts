@@ -34,8 +34,8 @@ export interface PhasedSubject<Row extends PhasedRow> {
   settle(id: string, outcome: ProviderOutcome, leaseToken: string): Promise<Settled>;
 }
 
-/** `row`: the pending row phase 1 inserted, as it committed; a resumed key's row is read again (it may have moved on). */
-type Phase1<Row> = { answer: KeyAnswer } | { key: LeasedKey; id: string; row?: Row; resumed: boolean };
+/** A new key's pending row, as phase 1 inserted and committed it; a resumed key's row is read again (it may have moved on). */
+type Phase1<Row> = { answer: KeyAnswer } | { key: LeasedKey; resumed: false; row: Row } | { key: LeasedKey; resumed: true; id: string };
 
 /**
  * A payment or refund in atomic phases (docs/contract.md#payments-and-refunds): the provider call cannot join our
@@ -81,7 +81,7 @@ export class PhasedOperation {
       // This holder calls the provider only before its lease ends: the bound every later decision waits out.
       this.attempts.firstAttempt(subject.table, created.row.id, acquired.key.id);
       this.phases.setRecoveryPoint(acquired.key, subject.created);
-      return { key: acquired.key, id: created.row.id, row: created.row, resumed: false };
+      return { key: acquired.key, resumed: false, row: created.row };
     });
   }
 
@@ -91,9 +91,10 @@ export class PhasedOperation {
    * dedupes with an earlier attempt that lands late. Past the re-send window (ProviderAttempts.mayResend) it sends
    * nothing and decides by lookups, as the reconciler does. An unknown outcome releases the lease and answers 503: NOT stored.
    */
-  private async callAndSettle<Row extends PhasedRow>(subject: PhasedSubject<Row>, { key, id, row: inserted, resumed }: Extract<Phase1<Row>, { key: LeasedKey }>): Promise<StoredResponse> {
+  private async callAndSettle<Row extends PhasedRow>(subject: PhasedSubject<Row>, phase1: Exclude<Phase1<Row>, { answer: KeyAnswer }>): Promise<StoredResponse> {
+    const { key, resumed } = phase1;
     // Only this holder can have moved a row it has just inserted (it holds the lease, and nothing was sent yet).
-    const row = inserted ?? (await subject.load(id))[0];
+    const row = phase1.resumed ? (await subject.load(phase1.id))[0] : phase1.row;
     const what = subject.table === 'payments' ? 'payment' : 'refund';
     if (resumed && row.status === 'pending' && !this.attempts.mayResend(row.created_at)) {
       const decided = await this.reconciler.decide(key);
