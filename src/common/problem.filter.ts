@@ -54,14 +54,25 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
   return { problem: plainProblem(500, 'An unexpected error occurred. It was logged with the request id given in X-Request-Id.'), headers: {} };
 }
 
+/** The driver's or the system's own words for a refusal: its code and first line, never a stack. */
+function causeOf(exception: unknown): string {
+  const { code, message } = (exception ?? {}) as { code?: unknown; message?: unknown };
+  const text = typeof message === 'string' ? message.split('\n')[0] : String(exception);
+  return typeof code === 'string' ? `${code}: ${text}` : text;
+}
+
 /**
  * Writes `exception` as a problem. ProblemFilter calls it for everything Nest routes; http-app for what Fastify's
  * router refuses before Nest sees the request (a malformed URL, an over-long path parameter).
  */
-export function sendProblem(exception: unknown, req: Request, res: Response, logger: Pick<Logger, 'error'>): void {
+export function sendProblem(exception: unknown, req: Request, res: Response, logger: Pick<Logger, 'error' | 'warn'>): void {
   const { problem, headers } = toProblem(exception);
-  if (problem.status >= 500) {
+  if (problem.status === 500) {
     logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
+  } else if (problem.status > 500) {
+    // A refusal the client is told to retry (the database down, every connection busy): expected while it lasts,
+    // so one line without a stack; an outage of thousands of requests must not bury the log.
+    logger.warn({ requestId: req.id, cause: causeOf(exception) }, `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`);
   }
   if (res.sent || res.raw.headersSent) return;
   // A handler may have set these for a write that then rolled back (the idempotency layer records

@@ -85,10 +85,14 @@ export class DataFolderInUseError extends EmbeddedPostgresError {
   constructor(
     readonly dir: string,
     readonly owner: DataFolderOwner,
+    /** The owner is alive but its PostgreSQL is not accepting connections (starting, stopping, or crashed and restarting). */
+    serverDown = false,
   ) {
     super(
       `EMBEDDED_PG_DIR ${printable(dir)} is in use by pid ${owner.pid} (${owner.command}). ` +
-        'Stop that process first, or give this one a folder and ports of its own: EMBEDDED_PG_DIR, EMBEDDED_PG_PORT and PORT.',
+        (serverDown
+          ? 'Its PostgreSQL is not accepting connections right now (starting, stopping or restarting): try again shortly.'
+          : 'Stop that process first, or give this one a folder and ports of its own: EMBEDDED_PG_DIR, EMBEDDED_PG_PORT and PORT.'),
     );
     this.name = 'DataFolderInUseError';
   }
@@ -351,7 +355,7 @@ export async function runningEmbeddedServer(folder: string): Promise<{ url: stri
   const owner = await liveOwnerOf(dir);
   if (!owner) return undefined;
   const postmaster = await postmasterOf(dir);
-  if (!postmaster?.ready || !isAlive(postmaster.pid)) throw new DataFolderInUseError(dir, owner);
+  if (!postmaster?.ready || !isAlive(postmaster.pid)) throw new DataFolderInUseError(dir, owner, true);
   // A server started without a socket (an older build) lists no socket directory.
   const socketUrl = postmaster.socketDir ? socketUrlOf(postmaster.socketDir, postmaster.port) : undefined;
   return { url: urlOf(postmaster.port), ...(socketUrl ? { socketUrl } : {}), owner };

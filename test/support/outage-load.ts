@@ -28,19 +28,26 @@ export interface Outcome {
 
 const orderBody = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }], note });
 
+/** One write of the load under `key`, not yet sent: by default a create of an order whose note is `notePrefix` + key. */
+export type LoadWrite = (url: string, key: string) => request.Test;
+const createOrder =
+  (notePrefix: string): LoadWrite =>
+  (url, key) => request(url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(orderBody(`${notePrefix}${key}`));
+
 /**
  * Creates, each under a fresh Idempotency-Key, sent by a few workers in a loop to `url` while a test takes
  * the database (or what stands before it) away and brings it back; every answer is kept with the phase it was
  * sent in. Each order's note is `notePrefix` + its key, so a retried key can be counted in the database.
+ * `write`: another write to send instead (the sandbox's charges); its answer's `id` is kept the same way.
  */
-export function createsUnderLoad(url: string, notePrefix: string) {
+export function createsUnderLoad(url: string, notePrefix: string, write: LoadWrite = createOrder(notePrefix)) {
   let phase: Outcome['phase'] = 'before';
   let loading = true;
   const outcomes: Outcome[] = [];
   const create = async (key: string): Promise<Outcome> => {
     const at = phase;
     try {
-      const res = await request(url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).timeout(ANSWER_DEADLINE_MS).send(orderBody(`${notePrefix}${key}`));
+      const res = await write(url, key).timeout(ANSWER_DEADLINE_MS);
       return {
         key,
         phase: at,

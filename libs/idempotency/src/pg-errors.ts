@@ -23,6 +23,13 @@ const CONNECTION_EXCEPTION_CLASS = '08';
 const UNREACHABLE_SOCKET_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN']);
 
 /**
+ * On a Unix-domain socket, two more ways a connect says "not now": the server removes its socket file when it
+ * stops, so while it is down the connect finds no file (ENOENT); and a full listen backlog refuses at once
+ * (EAGAIN) where TCP would queue. Only from connect(): an ENOENT elsewhere (a missing file) is no outage.
+ */
+const UNREACHABLE_CONNECT_CODES = new Set(['ENOENT', 'EAGAIN']);
+
+/**
  * pg's own words (its errors carry no code): the socket closed under a client ("Connection
  * terminated unexpectedly", or "… due to connection timeout" when the connect attempt ran out of
  * time), or a query was sent on a client whose connection had already failed.
@@ -92,6 +99,7 @@ function isUnreachable(err: unknown): boolean {
   const code = 'code' in err && typeof err.code === 'string' ? err.code : undefined;
   if (code !== undefined) {
     if (UNREACHABLE_SOCKET_CODES.has(code)) return true;
+    if (UNREACHABLE_CONNECT_CODES.has(code) && 'syscall' in err && err.syscall === 'connect') return true;
     if (code === PG.adminShutdown || code === PG.crashShutdown || code === PG.cannotConnectNow) return true;
     if ('severity' in err && code.startsWith(CONNECTION_EXCEPTION_CLASS)) return true;
   }
