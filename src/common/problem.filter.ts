@@ -58,9 +58,12 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
  * Writes `exception` as a problem. ProblemFilter calls it for everything Nest routes; http-app for what Fastify's
  * router refuses before Nest sees the request (a malformed URL, an over-long path parameter).
  */
-export function sendProblem(exception: unknown, req: Request, res: Response, logger: Pick<Logger, 'error'>): void {
+export function sendProblem(exception: unknown, req: Request, res: Response, logger: Pick<Logger, 'error' | 'warn'>): void {
   const { problem, headers } = toProblem(exception);
-  if (problem.status >= 500) {
+  if (problem.status >= 500 && exception instanceof ProblemException && problem.status === 503) {
+    // A 503 the service chose to answer (payment-pending, provider-unavailable): expected, so no stack and not an error.
+    logger.warn({ requestId: req.id, type: problem.type }, `answered 503 on ${req.method} ${req.originalUrl}`);
+  } else if (problem.status >= 500) {
     logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
   }
   if (res.sent || res.raw.headersSent) return;
