@@ -110,17 +110,23 @@ async function until<T>(what: string, check: () => Promise<T | undefined>, deadl
   }
 }
 
-/**
- * A payment as an older build leaves it (no provider_attempts row): failed as never reached. Then its charge
- * lands at the provider after all, straight from the provider's API (what a late attempt of it would do).
- */
-async function paymentFailedTheOldWayWithALateCharge(w: World, orderId: string): Promise<{ paymentId: string; chargeId: string }> {
+/** A payment failed as never reached, as an older build leaves it: no provider_attempts row. */
+async function paymentFailedTheOldWay(w: World, orderId: string): Promise<{ paymentId: string }> {
   const paymentId = randomUUID();
   await w.db.query(
     `INSERT INTO payments (id, client_id, order_id, amount_minor, currency, source, outbound_key, status, failure_code)
      VALUES ($1, $2, $3, $4, 'EUR', 'tok_visa', $5, 'failed', 'provider_unreachable')`,
     [paymentId, ALICE.clientId, orderId, ORDER_TOTAL, `pay_${paymentId}`],
   );
+  return { paymentId };
+}
+
+/**
+ * A payment as an older build leaves it (no provider_attempts row): failed as never reached. Then its charge
+ * lands at the provider after all, straight from the provider's API (what a late attempt of it would do).
+ */
+async function paymentFailedTheOldWayWithALateCharge(w: World, orderId: string): Promise<{ paymentId: string; chargeId: string }> {
+  const { paymentId } = await paymentFailedTheOldWay(w, orderId);
   const charge = await request(w.sandbox.url)
     .post('/psp/charges')
     .set('Idempotency-Key', `pay_${paymentId}`)
@@ -199,9 +205,21 @@ describe('a provider outage: the reconciler neither spins nor stalls', () => {
       `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at) VALUES ($1, 'payment', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 second')`,
       [swept],
     );
+    // A row at its last look (failed longer ago than PSP_KEY_RETENTION_HOURS): a look that cannot be made keeps it on the list.
+    const lastLook = await createOrder(w.service.url);
+    const { paymentId: lastLookId } = await paymentFailedTheOldWay(w, lastLook);
+    await w.db.query(
+      `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at) VALUES ($1, 'payment', now() - interval '25 hours', now() - interval '25 hours', now() - interval '1 second')`,
+      [lastLookId],
+    );
     await until('the reconciler to find the provider away', () => Promise.resolve(w.service.output().includes('the provider could not be asked') ? true : undefined));
     await until('the sweep to run during the outage', async () => {
       const { rows } = await w.db.query(`SELECT recheck_at > now() AS moved FROM provider_attempts WHERE subject_id = $1`, [swept]);
+      return rows[0].moved ? true : undefined;
+    });
+
+    await until('the last look to be claimed by the sweep', async () => {
+      const { rows } = await w.db.query(`SELECT recheck_at > now() AS moved FROM provider_attempts WHERE subject_id = $1`, [lastLookId]);
       return rows[0].moved ? true : undefined;
     });
 
@@ -237,6 +255,11 @@ describe('a provider outage: the reconciler neither spins nor stalls', () => {
       },
       150_000,
     );
+    // The last look, unanswered in the outage, was asked again once the provider was back; answered (nothing there), it ends.
+    await until('the last look to be answered', async () => {
+      const { rows } = await w.db.query(`SELECT recheck_at FROM provider_attempts WHERE subject_id = $1`, [lastLookId]);
+      return rows[0].recheck_at === null ? true : undefined;
+    });
     const { rows: keys } = await w.db.query(
       `SELECT count(*)::int AS n FROM idempotency_keys k JOIN payments p ON p.idempotency_key_id = k.id WHERE p.order_id = ANY($1::uuid[]) AND k.state = 'completed'`,
       [orders],
@@ -329,6 +352,34 @@ describe('a 4xx after an attempt that may still land is not final', () => {
     expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable' });
     expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
     expect(await providerNet(w, orderId)).toEqual({ net: 0, charges: 0 });
+  }, PROCESS_TEST_TIMEOUT_MS);
+
+  it('a refund: a timeout, then a 422: pending with its amount still reserved until the window closes, then failed by lookups and given back', async () => {
+    const orderId = await createOrder(w.service.url);
+    const paid = await pay(w.service.url, orderId, randomUUID());
+    expect(paid.status).toBe(201);
+    expect((await request(w.service.url).post(`/orders/${orderId}/cancel`).set('Authorization', bearer(ALICE))).status).toBe(200);
+    w.path.script('/psp/refunds', [{ kind: 'lose' }, { kind: 'answer', status: 422 }]);
+    const res = await request(w.service.url).post(`/payments/${paid.body.id}/refunds`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send({});
+    expect(res.status).toBe(503);
+    expect(res.body.type).toBe(PROBLEM('refund-pending'));
+    const refundOf = async () =>
+      (
+        await w.db.query(
+          `SELECT r.status, r.failure_code, p.refunded_minor::int AS reserved, extract(epoch FROM r.updated_at - a.last_attempt_by) * 1000 AS decided_after_ms
+             FROM refunds r JOIN payments p ON p.id = r.payment_id JOIN provider_attempts a ON a.subject_id = r.id WHERE r.id = $1`,
+          [res.body.refundId],
+        )
+      ).rows[0];
+    expect(await refundOf()).toMatchObject({ status: 'pending', reserved: ORDER_TOTAL });
+    const decided = await until('the refund to be decided', async () => {
+      const r = await refundOf();
+      return r.status !== 'pending' ? r : undefined;
+    });
+    expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable', reserved: 0 });
+    expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
+    expect(await providerNet(w, orderId)).toEqual({ net: ORDER_TOTAL, charges: 1 });
+    expect(await booksNet(w, orderId)).toBe(ORDER_TOTAL);
   }, PROCESS_TEST_TIMEOUT_MS);
 
   it('a timeout whose attempt lands late, then a 422 on the retry: pending, then the lookups find the charge and the order is paid once', async () => {
