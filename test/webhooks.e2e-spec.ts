@@ -245,6 +245,35 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
     });
   });
 
+  describe('a refund confirmed twice by the provider', () => {
+    it('refund.succeeded with another provider refund id for a refund already succeeded: alerted and counted, as a second charge is; nothing moves', async () => {
+      const p = await orderWithPayment('pending', 2500);
+      const charge = chargeEvent('charge.succeeded', p);
+      expect((await deliver(charge)).body.outcome).toBe('applied');
+      expect((await request(t.url).post(`/orders/${p.orderId}/cancel`).set('Authorization', bearer(ALICE))).status).toBe(200);
+      await t.db.query(`UPDATE payments SET refunded_minor = 2500 WHERE id = $1`, [p.paymentId]);
+      const { rows } = await t.db.query(
+        `INSERT INTO refunds (client_id, payment_id, status, amount_minor, provider_refund_id, outbound_key) VALUES ('alice', $1, 'succeeded', 2500, gen_random_uuid()::text, 'refund_' || gen_random_uuid()) RETURNING id`,
+        [p.paymentId],
+      );
+      const refundId = rows[0].id as string;
+      const [first, second] = [`re_first_${refundId.slice(0, 8)}`, `re_second_${refundId.slice(0, 8)}`];
+      await t.db.query(`UPDATE refunds SET provider_refund_id = $2 WHERE id = $1`, [refundId, first]);
+      const before = await metric('payments_late_landings_total', 'kind="second_refund",found_by="webhook"');
+      const event = (providerRefundId: string) => ({
+        type: 'refund.succeeded',
+        timestamp: new Date().toISOString(),
+        data: { ...charge.data, providerRefundId, refundId, amountMinor: 2500, status: 'succeeded' },
+      });
+      // The same confirmation again is no news.
+      expect((await deliver(event(first))).body).toMatchObject({ outcome: 'no_effect', detail: 'already-settled: refund is succeeded' });
+      expect((await deliver(event(second))).body).toMatchObject({ outcome: 'no_effect', detail: 'second-refund: alerted' });
+      expect(await metric('payments_late_landings_total', 'kind="second_refund",found_by="webhook"')).toBe(before + 1);
+      expect((await t.db.query(`SELECT status, provider_refund_id FROM refunds WHERE id = $1`, [refundId])).rows[0]).toEqual({ status: 'succeeded', provider_refund_id: first });
+      expect(await payment(p.paymentId)).toMatchObject({ refunded_minor: '2500' });
+    });
+  });
+
   describe('recorded with no effect', () => {
     it('an unknown payment, an unknown type and an amount or currency that differs from ours: 200, recorded, nothing changed', async () => {
       const p = await orderWithPayment();
