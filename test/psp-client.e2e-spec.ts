@@ -421,6 +421,14 @@ describe('PspClient writes', () => {
     expect(await metricValue('psp_attempts_total', { operation: 'charge', result: 'timeout' })).toBeGreaterThanOrEqual(1);
   });
 
+  it('calls a 422 after an attempt that timed out unknown, not refused: the abandoned attempt may still land', async () => {
+    stub.script((req, res, n) => (n === 1 ? hang(req, res, n) : reply(res, 422, problem(422, 'key in use elsewhere'))));
+    const result = await client({ timeoutMs: 150, maxAttempts: 3 }).createCharge(chargeRequest(), outboundKey(), farDeadline());
+
+    expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 422 after 2 attempts' });
+    expect(stub.requests[0].abandoned).toBe(true);
+  });
+
   it('times out an attempt whose body stalls after the headers, since the body is read inside the timeout', async () => {
     stub.script((req, res, n) => {
       if (n > 1) return succeed(req, res, n);

@@ -1,9 +1,12 @@
+import { jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { Webhook } from 'standardwebhooks';
 import request from 'supertest';
 import type { PspCallResult, PspRefund, RefundRequest } from '../src/psp-client/psp-client';
 import { PspClient } from '../src/psp-client/psp-client';
 import { LateChargeRefunder } from '../src/payments/late-charge-refunder';
+import { LATE_REFUND_ALERT_ATTEMPTS } from '../src/payments/payment-metrics';
 import { ProcessedWebhookEventReaper } from '../src/webhooks/processed-webhook-event-reaper';
 import { ALICE, bearer, startTestApp, type TestApp } from './support/test-app';
 
@@ -245,6 +248,35 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
     });
   });
 
+  describe('a refund confirmed twice by the provider', () => {
+    it('refund.succeeded with another provider refund id for a refund already succeeded: alerted and counted, as a second charge is; nothing moves', async () => {
+      const p = await orderWithPayment('pending', 2500);
+      const charge = chargeEvent('charge.succeeded', p);
+      expect((await deliver(charge)).body.outcome).toBe('applied');
+      expect((await request(t.url).post(`/orders/${p.orderId}/cancel`).set('Authorization', bearer(ALICE))).status).toBe(200);
+      await t.db.query(`UPDATE payments SET refunded_minor = 2500 WHERE id = $1`, [p.paymentId]);
+      const { rows } = await t.db.query(
+        `INSERT INTO refunds (client_id, payment_id, status, amount_minor, provider_refund_id, outbound_key) VALUES ('alice', $1, 'succeeded', 2500, gen_random_uuid()::text, 'refund_' || gen_random_uuid()) RETURNING id`,
+        [p.paymentId],
+      );
+      const refundId = rows[0].id as string;
+      const [first, second] = [`re_first_${refundId.slice(0, 8)}`, `re_second_${refundId.slice(0, 8)}`];
+      await t.db.query(`UPDATE refunds SET provider_refund_id = $2 WHERE id = $1`, [refundId, first]);
+      const before = await metric('payments_late_landings_total', 'kind="second_refund",found_by="webhook"');
+      const event = (providerRefundId: string) => ({
+        type: 'refund.succeeded',
+        timestamp: new Date().toISOString(),
+        data: { ...charge.data, providerRefundId, refundId, amountMinor: 2500, status: 'succeeded' },
+      });
+      // The same confirmation again is no news.
+      expect((await deliver(event(first))).body).toMatchObject({ outcome: 'no_effect', detail: 'already-settled: refund is succeeded' });
+      expect((await deliver(event(second))).body).toMatchObject({ outcome: 'no_effect', detail: 'second-refund: alerted' });
+      expect(await metric('payments_late_landings_total', 'kind="second_refund",found_by="webhook"')).toBe(before + 1);
+      expect((await t.db.query(`SELECT status, provider_refund_id FROM refunds WHERE id = $1`, [refundId])).rows[0]).toEqual({ status: 'succeeded', provider_refund_id: first });
+      expect(await payment(p.paymentId)).toMatchObject({ refunded_minor: '2500' });
+    });
+  });
+
   describe('recorded with no effect', () => {
     it('an unknown payment, an unknown type and an amount or currency that differs from ours: 200, recorded, nothing changed', async () => {
       const p = await orderWithPayment();
@@ -448,6 +480,32 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       expect(calls.map((c) => c.body.chargeId)).toEqual(['ch_second']);
       expect(await payment(p.paymentId)).toMatchObject({ status: 'succeeded', provider_transaction_id: `ch_${p.paymentId.slice(0, 8)}` });
       expect(await order(p.orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
+    });
+
+    it('still unknown after LATE_REFUND_ALERT_ATTEMPTS attempts: alerted once at error, shown as overdue; still retried, never given up', async () => {
+      answer = () => ({ kind: 'unknown', reason: 'timeout' });
+      const p = await orderWithPayment('failed');
+      expect((await deliver(chargeEvent('charge.succeeded', p))).body.outcome).toBe('applied');
+      const [pending] = await until(() => lateRefunds(p.paymentId), (rows) => rows[0]?.attempts === 1 && calls.length === 1);
+      const error = jest.spyOn(Logger.prototype, 'error');
+      try {
+        const alerts = () => error.mock.calls.filter(([fields]) => (fields as { lateRefundId?: string; alert?: boolean }).lateRefundId === pending.id && (fields as { alert?: boolean }).alert);
+        for (let attempts = 2; attempts <= LATE_REFUND_ALERT_ATTEMPTS + 1; attempts++) {
+          await t.db.query(`UPDATE late_charge_refunds SET next_attempt_at = now() WHERE id = $1`, [pending.id]);
+          expect(await t.app.get(LateChargeRefunder).attempt(pending.id)).toBe(true);
+          expect(alerts()).toHaveLength(attempts >= LATE_REFUND_ALERT_ATTEMPTS ? 1 : 0);
+        }
+        expect(await metric('payments_late_charge_refunds_pending', 'state="overdue"')).toBeGreaterThanOrEqual(1);
+        const [row] = await lateRefunds(p.paymentId);
+        expect(row).toMatchObject({ status: 'pending', attempts: LATE_REFUND_ALERT_ATTEMPTS + 1 });
+        // Due again within the backoff, not given up.
+        const { rows } = await t.db.query(`SELECT next_attempt_at > now() AND next_attempt_at <= now() + interval '10 minutes' AS scheduled FROM late_charge_refunds WHERE id = $1`, [pending.id]);
+        expect(rows[0].scheduled).toBe(true);
+      } finally {
+        error.mockRestore();
+      }
+      // Settled so that the refunder's own tick leaves it alone for the tests after this one.
+      await t.app.get(LateChargeRefunder).settle(pending.id, 'succeeded', `re_${pending.id.slice(0, 8)}`, null);
     });
 
     it('an unknown outcome leaves the refund pending; the retry uses the same outbound key, and the refund.succeeded webhook settles it too', async () => {

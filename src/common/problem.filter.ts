@@ -70,9 +70,9 @@ export function sendProblem(exception: unknown, req: Request, res: Response, log
   if (problem.status === 500) {
     logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
   } else if (problem.status > 500) {
-    // A refusal the client is told to retry (the database down, every connection busy): expected while it lasts,
-    // so one line without a stack; an outage of thousands of requests must not bury the log.
-    logger.warn({ requestId: req.id, cause: causeOf(exception) }, `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`);
+    // An answer the service chose (the database down, every connection busy, a payment pending, the provider away):
+    // expected while it lasts, so one line without a stack; an outage of thousands of requests must not bury the log.
+    logger.warn({ requestId: req.id, type: problem.type, cause: causeOf(exception) }, `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`);
   }
   if (res.sent || res.raw.headersSent) return;
   // A handler may have set these for a write that then rolled back (the idempotency layer records

@@ -1,9 +1,8 @@
-import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
+import { Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
 import { Database, monotonicNow } from '#idempotency';
-import { APP_CONFIG } from '../config/config.module.js';
-import { type AppConfig, LEASE_MARGIN_MS } from '../config/app-config.js';
+import { LEASE_MARGIN_MS } from '../config/app-config.js';
 import { type PspCallResult, PspClient, type PspRefund } from '../psp-client/psp-client.js';
-import { PaymentMetrics } from './payment-metrics.js';
+import { LATE_REFUND_ALERT_ATTEMPTS, PaymentMetrics } from './payment-metrics.js';
 
 /**
  * An attempt claims its row until then: another instance (or the retry job) does not call the
@@ -13,6 +12,17 @@ import { PaymentMetrics } from './payment-metrics.js';
 export const LATE_REFUND_ATTEMPT_SECONDS = 60;
 /** Rows retried per round of the job: each is one provider call. */
 const RETRY_BATCH = 20;
+/**
+ * The job's own tick, whatever RECONCILE_INTERVAL_MS is (0 included): a late charge is money taken twice from a
+ * customer, so its refund is retried until settled even where nothing else runs in the background. A tick is one
+ * indexed look at the pending rows that are due.
+ */
+export const LATE_REFUND_TICK_MS = 2_000;
+/** After an attempt whose outcome is unknown: the next one this long after, doubling per attempt, up to LATE_REFUND_RETRY_MAX_SECONDS. */
+export const LATE_REFUND_RETRY_FIRST_SECONDS = 5;
+const LATE_REFUND_RETRY_MAX_SECONDS = 600;
+/** Shutdown waits this long at most for a call in flight; its outcome is then learnt by the next attempt under the same key. */
+const STOP_WAIT_MS = 3_000;
 
 interface LateRefundRow {
   id: string;
@@ -20,6 +30,7 @@ interface LateRefundRow {
   payment_id: string;
   amount_minor: string;
   outbound_key: string;
+  attempts: number;
 }
 
 /** The key the provider dedupes a late charge's refund on: derived from the charge, so every attempt, on any instance, is one refund. */
@@ -34,9 +45,10 @@ export type FoundBy = 'webhook' | 'settler' | 'sweep';
  * confirmation, the sweep of failed-unreachable payments — records the refund as pending in its own
  * transaction (`requestRefund`, once per charge); this calls the provider after that commit, outside any
  * transaction, under the outbound key `late_<chargeId>`.
- * An unknown outcome leaves the row pending: the job retries it every RECONCILE_INTERVAL_MS under
- * the same key (the provider answers with the same refund), and the provider's refund.* webhook
- * for it (metadata.refundId = this row's id) settles it too.
+ * An unknown outcome leaves the row pending: the job retries it on its own tick (LATE_REFUND_TICK_MS, whatever
+ * RECONCILE_INTERVAL_MS is) at doubling intervals under the same key (the provider answers with the same refund),
+ * until it is settled; past LATE_REFUND_ALERT_ATTEMPTS attempts it alerts once (payments_late_charge_refunds_pending
+ * shows it meanwhile). The provider's refund.* webhook for it (metadata.refundId = this row's id) settles it too.
  */
 @Injectable()
 export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
@@ -48,22 +60,25 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
     private readonly db: Database,
     private readonly psp: PspClient,
     private readonly metrics: PaymentMetrics,
-    @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
 
   onModuleInit(): void {
-    if (this.config.reconcileIntervalMs > 0) {
-      this.timer = setInterval(() => {
-        if (this.inFlight.size === 0) this.track(this.retryDue());
-      }, this.config.reconcileIntervalMs);
-      this.timer.unref();
-    }
+    this.timer = setInterval(() => {
+      if (this.inFlight.size === 0) this.track(this.retryDue());
+    }, LATE_REFUND_TICK_MS);
+    this.timer.unref();
   }
 
-  /** Shutdown waits for calls in flight, so none writes into a closed pool. */
+  /**
+   * Shutdown waits for calls in flight, so none writes into a closed pool, but not past STOP_WAIT_MS: a call still
+   * out then has claimed its row, and the next attempt after the claim (any instance) learns its outcome.
+   */
   async onModuleDestroy(): Promise<void> {
     clearInterval(this.timer);
-    await Promise.allSettled([...this.inFlight]);
+    let timer: NodeJS.Timeout | undefined;
+    const waited = new Promise<void>((resolve) => (timer = setTimeout(resolve, STOP_WAIT_MS)));
+    await Promise.race([Promise.allSettled([...this.inFlight]), waited]);
+    clearTimeout(timer);
   }
 
   /**
@@ -107,7 +122,7 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
       `UPDATE late_charge_refunds
           SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
         WHERE id = $1 AND status = 'pending' AND next_attempt_at <= now()
-       RETURNING id, charge_id, payment_id, amount_minor, outbound_key`,
+       RETURNING id, charge_id, payment_id, amount_minor, outbound_key, attempts`,
       [id, LATE_REFUND_ATTEMPT_SECONDS],
     );
     if (!row) return false;
@@ -139,14 +154,31 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
         return;
       }
       case 'refused':
+        // After an earlier attempt whose outcome is unknown, a refusal does not say that one did not land: still unknown.
+        if (row.attempts > 1) return this.unknown(row, log, result);
         await this.settle(row.id, 'failed', null, 'provider_refused');
         this.metrics.lateChargeRefunds.inc({ outcome: 'refused' });
         this.logger.error({ ...log, alert: true, status: result.status, detail: result.detail }, 'the provider refused the refund of a late charge: refund it by hand');
         return;
       default:
-        // Not known whether it was refunded: stays pending, tried again under the same key when due.
-        this.metrics.lateChargeRefunds.inc({ outcome: 'unknown' });
-        this.logger.warn({ ...log, result }, 'late charge refund outcome unknown; will retry under the same outbound key');
+        return this.unknown(row, log, result);
+    }
+  }
+
+  /** Not known whether it was refunded: stays pending, tried again under the same key after the backoff; alerted once past the bound. */
+  private async unknown(row: LateRefundRow, log: Record<string, string>, result: PspCallResult<PspRefund>): Promise<void> {
+    const retryInSeconds = Math.min(LATE_REFUND_RETRY_MAX_SECONDS, LATE_REFUND_RETRY_FIRST_SECONDS * 2 ** Math.min(row.attempts - 1, 16));
+    // Only while this attempt's claim stands (it is the one that set next_attempt_at): sooner than the claim's end.
+    await this.db.query(
+      `UPDATE late_charge_refunds SET next_attempt_at = least(next_attempt_at, now() + make_interval(secs => $2)), updated_at = now() WHERE id = $1 AND status = 'pending'`,
+      [row.id, retryInSeconds],
+    );
+    this.metrics.lateChargeRefunds.inc({ outcome: 'unknown' });
+    const fields = { ...log, attempts: row.attempts, retryInSeconds, result };
+    if (row.attempts === LATE_REFUND_ALERT_ATTEMPTS) {
+      this.logger.error({ ...fields, alert: true }, 'a late charge is still not refunded after many attempts: the customer paid twice; check the provider');
+    } else {
+      this.logger.warn(fields, 'late charge refund outcome unknown; will retry under the same outbound key');
     }
   }
 

@@ -11,6 +11,14 @@ const OLDEST_PENDING = `
          extract(epoch FROM now() - (SELECT min(created_at) FROM refunds WHERE status = 'pending'))::float8 AS refund,
          extract(epoch FROM now() - (SELECT min(created_at) FROM late_charge_refunds WHERE status = 'pending'))::float8 AS late_refund`;
 
+/** Attempts after which a late charge's refund that is still unsettled is alerted (once) and counted as overdue. */
+export const LATE_REFUND_ALERT_ATTEMPTS = 5;
+
+/** Pending late-charge refunds, still retrying or past the alert bound: few rows, all in ix_late_charge_refunds_pending. */
+const LATE_REFUNDS_PENDING = `
+  SELECT count(*) FILTER (WHERE attempts < $1)::int AS retrying, count(*) FILTER (WHERE attempts >= $1)::int AS overdue
+    FROM late_charge_refunds WHERE status = 'pending'`;
+
 /** What the payments module counts beyond the outbound client: money that landed where we did not expect it. */
 @Injectable()
 export class PaymentMetrics {
@@ -30,10 +38,28 @@ export class PaymentMetrics {
     this.lateLandings = new Counter({
       name: 'payments_late_landings_total',
       help:
-        'Money the provider moved on a payment (kind=charge) or refund (kind=refund) we held as failed or already settled, repaired: ' +
+        'Money the provider moved on a payment (kind=charge) or refund (kind=refund) we held as failed or already settled, repaired; ' +
+        'kind=second_refund: a second provider refund for a refund already settled, alerted (only a person can take it back): ' +
         'found_by webhook, settler (a request, retry or reconciler holding a confirmed answer) or sweep (the recheck of failed-unreachable rows)',
       labelNames: ['kind', 'found_by'],
       registers: [registry],
+    });
+    const lateRefundsPending: Gauge<'state'> = new Gauge({
+      name: 'payments_late_charge_refunds_pending',
+      help:
+        'Refunds of late charges not settled yet (the customer paid twice meanwhile): state=retrying, or overdue once past ' +
+        `${LATE_REFUND_ALERT_ATTEMPTS} attempts (alerted in the log); read at scrape time`,
+      labelNames: ['state'],
+      registers: [registry],
+      collect: async () => {
+        try {
+          const [row] = await db.query<{ retrying: number; overdue: number }>(LATE_REFUNDS_PENDING, [LATE_REFUND_ALERT_ATTEMPTS]);
+          lateRefundsPending.set({ state: 'retrying' }, row.retrying);
+          lateRefundsPending.set({ state: 'overdue' }, row.overdue);
+        } catch (err) {
+          this.logger.warn({ err }, 'could not read the pending late-charge refunds for /metrics');
+        }
+      },
     });
     // Computed at scrape time rather than by the reconciler: the gauge is there to show that
     // settling has stalled, so it must not depend on the reconciler running (it may be off, or stuck).

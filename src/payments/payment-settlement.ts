@@ -127,7 +127,22 @@ export class PaymentSettlement {
     const current = settled ?? (await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1`, [refundId]))[0];
     // The provider confirms a refund we had already failed (never reached): the money went back, so the books must say so.
     if (!settled && outcome.status === 'succeeded' && current.status === 'failed') await this.applyLateRefund(current.id, outcome.providerId, foundBy);
+    if (!settled && outcome.status === 'succeeded') this.alertIfSecondRefund(current, outcome.providerId, foundBy);
     return this.answer(key, refund.idempotency_key_id, refundAnswer(current), settled !== undefined);
+  }
+
+  /**
+   * A second provider refund for one refund of ours already succeeded (as a second charge is for a payment): the
+   * customer got the money twice, which only a person can take back. Said loudly and counted, never dropped. True when it was one.
+   */
+  alertIfSecondRefund(refund: Pick<RefundRow, 'id' | 'payment_id' | 'status' | 'provider_refund_id'>, providerRefundId: string, foundBy: FoundBy): boolean {
+    if (refund.status !== 'succeeded' || refund.provider_refund_id === providerRefundId) return false;
+    this.metrics.lateLandings.inc({ kind: 'second_refund', found_by: foundBy });
+    this.logger.error(
+      { refundId: refund.id, paymentId: refund.payment_id, providerRefundId, settledWith: refund.provider_refund_id, foundBy, alert: true },
+      'the provider confirms a second refund for a refund already settled: money returned twice, reconcile by hand',
+    );
+    return true;
   }
 
   /**

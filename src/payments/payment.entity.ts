@@ -14,6 +14,8 @@ export type PaymentStatus = 'pending' | 'succeeded' | 'failed';
 @Index('ix_payments_idempotency_key', ['idempotencyKeyId'])
 // Created by the webhooks migration (1764414700000) for the oldest-pending gauge.
 @Index('ix_payments_pending_created', ['createdAt'], { where: `"status" = 'pending'` })
+// Created by the unreached-sweep migration (1764415100000) for the sweep's look for rows an older build failed as never reached.
+@Index('ix_payments_unreached', ['updatedAt'], { where: `"status" = 'failed' AND "failure_code" = 'provider_unreachable'` })
 @Check('ck_payments_status', `"status" IN ('pending', 'succeeded', 'failed')`)
 @Check('ck_payments_amount_minor', `"amount_minor" > 0`)
 @Check('ck_payments_currency', `"currency" ~ '^[A-Z]{3}$'`)

@@ -45,10 +45,10 @@ export class PaymentsService {
       create: (keyId) => this.createPendingPayment(clientId, orderId, source, keyId),
       load: (id) => this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [id]),
       find: (p) => this.psp.findChargesByPayment(p.id, { amountMinor: Number(p.amount_minor), currency: p.currency }).then(foundChargeOutcome),
-      send: (p, deadline) =>
+      send: (p, deadline, earlierAttempt) =>
         this.psp
           .createCharge({ amountMinor: Number(p.amount_minor), currency: p.currency, source: p.source, metadata: { orderId: p.order_id, paymentId: p.id } }, p.outbound_key, deadline)
-          .then(chargeOutcome),
+          .then((result) => chargeOutcome(result, earlierAttempt)),
       recorded: (p) => recordedOutcome(p.status, p.provider_transaction_id, p.failure_code),
       settle: (id, outcome, leaseToken) => this.settlement.settlePayment(id, outcome, leaseToken),
     };

@@ -21,7 +21,8 @@ export type PhasedRow = Pick<PaymentRow, 'id' | 'status' | 'created_at'>;
  * What differs between a payment and a refund; the phases, the resume and the fencing are PhasedOperation's.
  * `table` names the subject; `create` is phase 1's writes in the claim's transaction (the pending row, or a refusal stored as the answer),
  * ending at recovery point `created`; `load` reads the row of a resumed key; `find` looks the row up at the provider (a resume asks it first); `send`
- * calls out under the row's outbound key by the holder's deadline; `recorded` is what the row already says.
+ * calls out under the row's outbound key by the holder's deadline (`earlierAttempt`: a resumed key's, so an attempt before it may still land and a
+ * refusal is no answer); `recorded` is what the row already says.
  */
 export interface PhasedSubject<Row extends PhasedRow> {
   table: AttemptTable;
@@ -29,7 +30,7 @@ export interface PhasedSubject<Row extends PhasedRow> {
   create(keyId: string): Promise<{ row: Row } | { refusal: ProblemException }>;
   load(id: string): Promise<Row[]>;
   find(row: Row): Promise<ProviderOutcome | undefined>;
-  send(row: Row, deadline: number): Promise<ProviderOutcome | undefined>;
+  send(row: Row, deadline: number, earlierAttempt: boolean): Promise<ProviderOutcome | undefined>;
   recorded(row: Row): ProviderOutcome;
   settle(id: string, outcome: ProviderOutcome, leaseToken: string): Promise<Settled>;
 }
@@ -109,7 +110,7 @@ export class PhasedOperation {
       });
     }
     if (!outcome && row.status === 'pending' && (!resumed || (await this.attempts.resending(subject.table, row.id, key)))) {
-      outcome = await subject.send(row, key.deadline);
+      outcome = await subject.send(row, key.deadline, resumed);
     }
     if (!outcome && row.status === 'pending') {
       await this.attempts.gaveUp(row.id, key);

@@ -136,21 +136,53 @@ export class ProviderAttempts {
 
   /**
    * The sweep's next rows of `table` to ask about, each claimed by moving its recheck_at on (SKIP LOCKED: N
-   * instances share them, none asks twice): at doubling intervals since it was failed, for PSP_KEY_RETENTION_HOURS.
+   * instances share them, none asks twice): at doubling intervals since it was failed. `last`: the look that ends
+   * PSP_KEY_RETENTION_HOURS; the row leaves the list only once that look is answered (stopRechecking), so a
+   * last look that could not be made is made again.
    */
-  async dueForRecheck(table: AttemptTable, limit: number): Promise<string[]> {
-    const rows = await this.db.query<{ subject_id: string }>(
+  async dueForRecheck(table: AttemptTable, limit: number): Promise<{ id: string; last: boolean }[]> {
+    const rows = await this.db.query<{ subject_id: string; last: boolean }>(
       `WITH due AS (
          SELECT subject_id FROM provider_attempts WHERE subject = $1 AND recheck_at <= now() ORDER BY recheck_at LIMIT $2 FOR UPDATE SKIP LOCKED
        )
        UPDATE provider_attempts a
-          SET recheck_at = CASE WHEN now() - a.unreached_at > make_interval(hours => $3) THEN NULL
-                                ELSE now() + greatest(now() - a.unreached_at, interval '1 second') END
+          SET recheck_at = now() + greatest(now() - a.unreached_at, interval '1 second')
          FROM due WHERE a.subject_id = due.subject_id
-       RETURNING a.subject_id`,
+       RETURNING a.subject_id, now() - a.unreached_at > make_interval(hours => $3) AS last`,
       [SUBJECT[table], limit, this.config.pspKeyRetentionHours],
     );
-    return rows.map((r) => r.subject_id);
+    return rows.map((r) => ({ id: r.subject_id, last: r.last }));
+  }
+
+  /** The sweep's last look at a row was answered (nothing landed): it stops asking. */
+  async stopRechecking(id: string): Promise<void> {
+    await this.db.query(`UPDATE provider_attempts SET recheck_at = NULL WHERE subject_id = $1 AND recheck_at IS NOT NULL`, [id]);
+  }
+
+  /** Rows the sweep could not ask about (the provider away): asked again after `ms`, sooner than their doubled interval. */
+  async recheckAgain(ids: string[], ms: number): Promise<void> {
+    await this.db.query(
+      `UPDATE provider_attempts SET recheck_at = least(recheck_at, now() + make_interval(secs => $2)) WHERE subject_id = ANY($1::uuid[]) AND recheck_at IS NOT NULL`,
+      [ids, ms / 1000],
+    );
+  }
+
+  /**
+   * Puts on the sweep's list the rows of `table` failed as never reached within PSP_KEY_RETENTION_HOURS that are not on
+   * it: an older build still serving during a deploy fails them its own way and writes no unreached_at (no row here,
+   * or only the one a newer holder's first attempt wrote). Their failure time stands for unreached_at, and the first
+   * look is due now. ix_*_unreached (migration 1764415100000) keeps the scan to such rows.
+   */
+  async adoptUnreached(table: AttemptTable): Promise<void> {
+    await this.db.query(
+      `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at)
+       SELECT s.id, $1, s.updated_at, s.updated_at, now() FROM ${table} s
+        WHERE s.status = 'failed' AND s.failure_code = 'provider_unreachable' AND s.updated_at > now() - make_interval(hours => $2)
+          AND NOT EXISTS (SELECT 1 FROM provider_attempts a WHERE a.subject_id = s.id AND a.unreached_at IS NOT NULL)
+       ON CONFLICT (subject_id) DO UPDATE SET unreached_at = excluded.unreached_at, recheck_at = excluded.recheck_at
+        WHERE provider_attempts.unreached_at IS NULL`,
+      [SUBJECT[table], this.config.pspKeyRetentionHours],
+    );
   }
 
   /** Locks the key row (the first lock of the lock order) if this holder still holds it. */

@@ -25,6 +25,12 @@ describe('provider outcomes: what is final and what is not', () => {
     expect(refundOutcome({ kind: 'unknown', reason: '503' })).toBeUndefined();
   });
 
+  it('a refusal after an earlier attempt of the same write (a resumed key) decides nothing: that attempt may still land', () => {
+    expect(chargeOutcome({ kind: 'refused', status: 422, detail: 'x' }, true)).toBeUndefined();
+    expect(refundOutcome({ kind: 'refused', status: 404, detail: 'x' }, true)).toBeUndefined();
+    expect(chargeOutcome({ kind: 'declined', value: charge('failed', 'card_declined') }, true)).toEqual({ status: 'failed', failureCode: 'card_declined', providerId: 'ch_failed' });
+  });
+
   it('a lookup prefers a succeeded charge, and finding none decides nothing', () => {
     expect(foundChargeOutcome([charge('failed', 'card_declined'), charge('succeeded')])).toEqual({ status: 'succeeded', providerId: 'ch_succeeded' });
     expect(foundChargeOutcome([])).toBeUndefined();

@@ -1,8 +1,13 @@
 import type { PspCallResult, PspCharge, PspRefund } from '../psp-client/psp-client.js';
 import type { ProviderOutcome } from './payment-settlement.js';
 
-/** A provider's answer about a charge, as the settlement records it; undefined when the outcome is not known. */
-export function chargeOutcome(result: PspCallResult<PspCharge>): ProviderOutcome | undefined {
+/**
+ * A provider's answer about a charge, as the settlement records it; undefined when the outcome is not known.
+ * `earlierAttempt`: an attempt of this write before this call (a resumed key's) may still land, so a refusal of
+ * this call says nothing about it: unknown, decided by lookups once the landing window has closed.
+ */
+export function chargeOutcome(result: PspCallResult<PspCharge>, earlierAttempt = false): ProviderOutcome | undefined {
+  if (result.kind === 'refused' && earlierAttempt) return undefined;
   switch (result.kind) {
     case 'succeeded':
       return { status: 'succeeded', providerId: result.value.id };
@@ -23,8 +28,9 @@ export function foundChargeOutcome(charges: PspCharge[]): ProviderOutcome | unde
   return charge.status === 'succeeded' ? { status: 'succeeded', providerId: charge.id } : { status: 'failed', failureCode: charge.failureCode ?? 'card_declined', providerId: charge.id };
 }
 
-/** A provider's answer about a refund; undefined when the outcome is not known. */
-export function refundOutcome(result: PspCallResult<PspRefund>): ProviderOutcome | undefined {
+/** A provider's answer about a refund; undefined when the outcome is not known (`earlierAttempt`: as for a charge). */
+export function refundOutcome(result: PspCallResult<PspRefund>, earlierAttempt = false): ProviderOutcome | undefined {
+  if (result.kind === 'refused' && earlierAttempt) return undefined;
   switch (result.kind) {
     case 'succeeded':
       return { status: 'succeeded', providerId: result.value.id };

@@ -11,6 +11,8 @@ import type { Payment, PaymentStatus } from './payment.entity.js';
 @Index('ix_refunds_idempotency_key', ['idempotencyKeyId'])
 // Created by the webhooks migration (1764414700000) for the oldest-pending gauge.
 @Index('ix_refunds_pending_created', ['createdAt'], { where: `"status" = 'pending'` })
+// Created by the unreached-sweep migration (1764415100000) for the sweep's look for rows an older build failed as never reached.
+@Index('ix_refunds_unreached', ['updatedAt'], { where: `"status" = 'failed' AND "failure_code" = 'provider_unreachable'` })
 @Check('ck_refunds_status', `"status" IN ('pending', 'succeeded', 'failed')`)
 @Check('ck_refunds_amount_minor', `"amount_minor" > 0`)
 @Check('ck_refunds_succeeded_has_provider_refund', `"status" <> 'succeeded' OR "provider_refund_id" IS NOT NULL`)

@@ -42,8 +42,10 @@ export class RefundsService {
           [id],
         ),
       find: (r) => this.psp.findRefundsByRefund(r.id, { paymentId: r.payment_id, amountMinor: Number(r.amount_minor) }).then(foundRefundOutcome),
-      send: (r, deadline) =>
-        this.psp.createRefund({ chargeId: r.charge_id, amountMinor: Number(r.amount_minor), metadata: { refundId: r.id, paymentId: r.payment_id } }, r.outbound_key, deadline).then(refundOutcome),
+      send: (r, deadline, earlierAttempt) =>
+        this.psp
+          .createRefund({ chargeId: r.charge_id, amountMinor: Number(r.amount_minor), metadata: { refundId: r.id, paymentId: r.payment_id } }, r.outbound_key, deadline)
+          .then((result) => refundOutcome(result, earlierAttempt)),
       recorded: (r) => recordedOutcome(r.status, r.provider_refund_id, r.failure_code),
       settle: (id, outcome, leaseToken) => this.settlement.settleRefund(id, outcome, leaseToken),
     });

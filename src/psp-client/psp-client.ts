@@ -59,7 +59,7 @@ type CallEnd =
   | { kind: 'breaker-open'; retryAfterSeconds: number }
   | { kind: 'no-time' }
   | { kind: 'failed'; error: unknown }
-  | { kind: 'answered'; result: AttemptResult; attempts: number; last: AttemptResult | undefined; stopReason: string | undefined };
+  | { kind: 'answered'; result: AttemptResult; attempts: number; last: AttemptResult | undefined; stopReason: string | undefined; earlierUnknown: boolean };
 
 /**
  * The outbound client to the payment provider (docs/contract.md#outbound-client): `wrap(breaker, retry, timeout)` from
@@ -180,7 +180,9 @@ export class PspClient {
         if (result.kind === 'response' && result.verdict === 'definitive' && isRecord(result.body)) {
           return { kind: result.status === 201 ? 'succeeded' : 'declined', value: result.body };
         }
-        if (result.kind === 'response' && result.verdict === 'refused') {
+        // A refusal says nothing of an earlier attempt under the same key whose outcome is unknown (a timeout may still
+        // land; a gateway or a config change can answer the retry 404/422): only a refusal of every attempt is final.
+        if (result.kind === 'response' && result.verdict === 'refused' && !end.earlierUnknown) {
           return { kind: 'refused', status: result.status, detail: problemDetail(result.status, result.body) };
         }
         return { kind: 'unknown', reason: unknownReason(end) };
@@ -250,6 +252,8 @@ export class PspClient {
     const { timeoutMs, maxAttempts } = this.options;
     let attempts = 0;
     let last: AttemptResult | undefined;
+    // Whether an attempt before the last one was sent and may have been recorded (its outcome unknown).
+    let earlierUnknown = false;
     // Set by the backoff when the next attempt must not happen; the attempt then returns 'skipped'
     // unsent. (cockatiel's retry cannot be told to stop from a backoff, so it waits 0 ms and asks.)
     let stopReason: string | undefined;
@@ -290,12 +294,13 @@ export class PspClient {
           return { kind: 'skipped', verdict: 'unknown' };
         }
         attempts += 1;
+        if (last?.verdict === 'unknown' && last.kind !== 'skipped') earlierUnknown = true;
         last = await this.attempt(request, attempts, signal);
         return last;
         // A signal of this call's own: without one, cockatiel hangs every call's timeout listener on one shared,
         // never-aborted signal, and more than 10 calls in flight print a (false) "possible memory leak" warning.
       }, new AbortController().signal);
-      return { kind: 'answered', result, attempts, last, stopReason };
+      return { kind: 'answered', result, attempts, last, stopReason, earlierUnknown };
     } catch (error) {
       if (isBrokenCircuitError(error)) {
         // Opened between our check and the call: still not called at all.

@@ -53,6 +53,7 @@ interface RefundFacts {
   status: PaymentStatus;
   amount_minor: string;
   currency: string;
+  provider_refund_id: string | null;
 }
 
 /**
@@ -216,7 +217,7 @@ export class WebhooksService {
     const outcome: ProviderOutcome =
       type === 'refund.succeeded' ? { status: 'succeeded', providerId: data.providerRefundId } : { status: 'failed', failureCode: data.failureCode ?? 'refund_declined', providerId: data.providerRefundId };
     const [refund] = await this.db.query<RefundFacts>(
-      `SELECT r.id, r.payment_id, p.order_id, r.status, r.amount_minor, p.currency FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
+      `SELECT r.id, r.payment_id, p.order_id, r.status, r.amount_minor, p.currency, r.provider_refund_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [data.refundId],
     );
     if (!refund) return this.lateRefundEvent(data, outcome);
@@ -235,6 +236,8 @@ export class WebhooksService {
       if (repaired === 'already-applied') return noEffect('already-settled: late refund applied', ids);
       return { ...noEffect('late-refund: our reservations leave no room for it', ids), alert: true };
     }
+    // A second provider refund for a refund already succeeded: alerted (and counted) by the settlement, as a second charge is.
+    if (type === 'refund.succeeded' && this.settlement.alertIfSecondRefund(refund, data.providerRefundId, 'webhook')) return noEffect('second-refund: alerted', ids);
     if (refund.status !== 'pending') return noEffect(`already-settled: refund is ${refund.status}`, ids);
     const settled = await this.settlement.applyRefundOutcome(refund.id, outcome, undefined, 'webhook');
     if (settled.kind === 'answered' && settled.changed) return applied(type === 'refund.succeeded' ? 'refund-succeeded' : 'refund-failed', ids);
