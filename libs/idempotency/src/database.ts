@@ -1,11 +1,11 @@
-import { Inject, Injectable, Logger } from '@nestjs/common';
+import { Inject, Injectable, Logger, type OnModuleDestroy } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Pool, PoolClient, QueryConfig } from 'pg';
-import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type Repository } from 'typeorm';
+import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type QueryRunner, type Repository } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 import { isCachedPlanInvalidated, isDatabaseUnavailable } from './pg-errors.js';
-import { guardEscapingWrites, joinedQueryRunner } from './typeorm-transaction.js';
+import { joinedQueryRunner, joinOpenTransactions, refuseEscapingWrites } from './typeorm-transaction.js';
 
 /**
  * How many distinct statement texts get a name (a server-side prepared statement on each
@@ -104,10 +104,10 @@ interface OpenTransaction {
   sent: number;
   /** Sent, in order, in the same write as the next statement (or the COMMIT). */
   deferred: Deferred[];
-  /** TypeORM's view of this transaction, made on first use of `manager` (see typeorm-transaction.ts). */
-  manager?: EntityManager;
+  /** TypeORM's view of this transaction, made on its first use (see typeorm-transaction.ts). */
+  runner?: QueryRunner;
   /** Ends TypeORM's view when the transaction ends: a manager kept past it fails loudly instead of writing outside it. */
-  closeManager?: () => void;
+  closeRunner?: () => void;
 }
 
 const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
@@ -116,9 +116,10 @@ const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
  * The current transaction. `transaction(fn)` opens one and every `query`, and every repository of
  * `manager`, used while `fn` runs — in this service or any other — joins it, so an interceptor can
  * claim an idempotency key, let the handler write, and record the response in ONE commit. A `query`
- * outside one is a transaction of its own (BEGIN, the statement and COMMIT in one write). A write
- * through TypeORM's other connections while one is open (an injected repository, the DataSource's
- * manager) would commit on its own, outside it: it is refused (see typeorm-transaction.ts).
+ * outside one is a transaction of its own (BEGIN, the statement and COMMIT in one write). The DataSource's own
+ * repositories (`@InjectRepository`), manager, `query()` and `transaction()` join it too; a write on any other
+ * connection while one is open (a second DataSource, a raw `pg` pool) would commit on its own, outside it: it is
+ * refused (see typeorm-transaction.ts).
  *
  * Round trips are the cost that matters on a small machine (each is a write to the socket and a
  * wake-up of a PostgreSQL backend), so a transaction sends what it can together, over a pipelined
@@ -143,7 +144,7 @@ const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
  * its own, and a client whose connection broke is released with the error, so the pool drops it.
  */
 @Injectable()
-export class Database {
+export class Database implements OnModuleDestroy {
   private readonly logger = new Logger('Database');
   private readonly current = new AsyncLocalStorage<OpenTransaction>();
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
@@ -153,6 +154,7 @@ export class Database {
   private readonly settings: TransactionSettings;
   private readonly begin: Deferred;
   private readonly statement: (text: string, values: unknown[]) => string | QueryConfig;
+  private readonly stopRefusing: () => void;
 
   constructor(
     private readonly dataSource: DataSource,
@@ -161,7 +163,11 @@ export class Database {
     this.settings = transactionSettings(options);
     this.begin = { sql: beginStatement(this.settings), params: [] };
     this.statement = this.settings.preparedStatements ? namedStatement : unnamedStatement;
-    guardEscapingWrites(dataSource, () => this.current.getStore() !== undefined, options.escapingWrites);
+    joinOpenTransactions(dataSource, () => {
+      const open = this.current.getStore();
+      return open && this.runnerOf(open);
+    });
+    this.stopRefusing = refuseEscapingWrites({ openClient: () => this.current.getStore()?.client, escapingWrites: options.escapingWrites });
     // Without it pg holds each statement of a batch back until the one before has answered: still correct, one round trip each.
     if ((dataSource.options as { extra?: { pipeline?: unknown } }).extra?.pipeline !== true) {
       this.logger.warn("TypeORM's `extra: { pipeline: true }` is not set: each statement of a transaction waits for the one before it");
@@ -175,13 +181,21 @@ export class Database {
    */
   get manager(): EntityManager {
     const open = this.current.getStore();
-    if (!open) return this.dataSource.manager;
-    if (!open.manager) {
+    return open ? this.runnerOf(open).manager : this.dataSource.manager;
+  }
+
+  onModuleDestroy(): void {
+    this.stopRefusing();
+  }
+
+  /** The transaction's TypeORM runner, on its connection: one per transaction, so nested `transaction()`s count their savepoints. */
+  private runnerOf(open: OpenTransaction): QueryRunner {
+    if (!open.runner) {
       const { runner, close } = joinedQueryRunner(this.dataSource, open.client, () => this.flush(open));
-      open.manager = runner.manager;
-      open.closeManager = close;
+      open.runner = runner;
+      open.closeRunner = close;
     }
-    return open.manager;
+    return open.runner;
   }
 
   /** `manager.getRepository(target)`: the entity's repository in the current transaction. */
@@ -350,7 +364,7 @@ export class Database {
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
     return this.inTransaction(async (open) => {
-      const result = await this.current.run(open, fn).finally(() => open.closeManager?.());
+      const result = await this.current.run(open, fn).finally(() => open.closeRunner?.());
       // Nothing sent and nothing queued: there is no transaction to end.
       if (open.begun || open.deferred.length > 0) {
         await this.send(open, [...this.takeDeferred(open), COMMIT]);

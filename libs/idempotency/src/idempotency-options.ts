@@ -11,7 +11,10 @@ export interface IdempotentRequest {
   body?: unknown;
 }
 
-/** What happens to a write sent on another connection while a transaction of the layer is open (see docs/use-it-in-your-app.md). */
+/**
+ * What a write gets that cannot join the open transaction (a second DataSource, a raw `pg` pool): refused, or — an explicit
+ * opt-in — logged at error and let through, committing on its own.
+ */
 export type EscapingWrites = 'refuse' | 'log';
 
 export interface IdempotencyModuleOptions {
@@ -39,7 +42,7 @@ export interface IdempotencyModuleOptions {
   reaper?: boolean;
   /** Named (server-side prepared) statements: set false behind a transaction pooler that cannot keep them. Default true. */
   preparedStatements?: boolean;
-  /** Default 'refuse', or 'log' when NODE_ENV is production: a refused write is better than a silent double effect, but not in production. */
+  /** Default 'refuse', in every environment: a refused write is a 500 the retry can fix, a write let through a silent double effect. */
   escapingWrites?: EscapingWrites;
   /** The `type` of the layer's own problems, by their slug (`idempotency-key-missing`, …). Default `urn:idempotency:problem:<slug>`. */
   problemType?: (slug: string) => string;
@@ -71,7 +74,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     metrics: options.metrics ?? false,
     reaper: options.reaper ?? true,
     preparedStatements: options.preparedStatements ?? true,
-    escapingWrites: options.escapingWrites ?? (process.env.NODE_ENV === 'production' ? 'log' : 'refuse'),
+    escapingWrites: options.escapingWrites ?? 'refuse',
     problemType: options.problemType ?? defaultProblemType,
     renderError: options.renderError ?? problemOf,
   };
