@@ -3,7 +3,8 @@
  * next one or the COMMIT) must mean exactly what sending them one by one means. On a real PostgreSQL.
  */
 import { DataSource } from 'typeorm';
-import { Database, isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency';
+import { Database } from '#idempotency';
+import { isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency/internal';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
 import { jest } from '@jest/globals';

@@ -8,7 +8,8 @@ import { Client, Pool } from 'pg';
 import request from 'supertest';
 import { AppModule } from '../src/app.module';
 import { createHttpApp } from '../src/http-app';
-import { fingerprintRequest, IdempotencyKeyReaper, Idempotent } from '#idempotency';
+import { Idempotent } from '#idempotency';
+import { fingerprintRequest, IdempotencyKeyReaper } from '#idempotency/internal';
 import { ALICE, BOB, bearer, createTestDatabase, startTestApp, testConfig, type TestApp } from './support/test-app';
 
 const order = (overrides: Record<string, unknown> = {}) => ({

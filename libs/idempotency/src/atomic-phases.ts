@@ -29,9 +29,6 @@ export type Acquired =
   /** Unfinished and its lease had run out: this request took it over and resumes at `key.recoveryPoint`. */
   | { kind: 'resumed'; key: LeasedKey };
 
-/** Where a new phased key starts. It is never committed at this point: phase 1 ends at another recovery point or an answer. */
-export const STARTED = 'started';
-
 /**
  * The columns a new lease holder learns. `lease_ms_left` is measured on the database's clock at the
  * moment of the claim (clock_timestamp(), not the transaction's start: a claim that waited on a row
@@ -66,7 +63,7 @@ interface PhasedKeyRow {
 
 /**
  * A new phased key carries its lease from the start. It never expires while unfinished
- * ('infinity'): the reaper must not delete a key whose payment may still be charged; it expires
+ * ('infinity'): the reaper must not delete a key whose external call may still be under way; it expires
  * IDEMPOTENCY_TTL_SECONDS after it completes.
  */
 const CLAIM_PHASED_KEY = `
@@ -90,7 +87,7 @@ const TAKE_OVER_LEASE = `
 
 /**
  * What a duplicate of a request still in flight is told to wait, whatever is left of the lease: a
- * payment usually settles in well under a second, and a retry that comes too soon is answered the same way.
+ * phased call usually settles in well under a second, and a retry that comes too soon is answered the same way.
  */
 const IN_FLIGHT_RETRY_AFTER_SECONDS = 2;
 
@@ -208,7 +205,7 @@ export class AtomicPhases {
     return rows.map((r) => this.leased(r));
   }
 
-  /** Takes over one unfinished key whose lease has run out (a stale payment found by another request); undefined when it is still leased or finished. */
+  /** Takes over one unfinished key whose lease has run out (a stale one found by another request); undefined when it is still leased or finished. */
   async takeOverLease(keyId: string): Promise<LeasedKey | undefined> {
     const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.options.leaseSeconds, false]);
     return taken && this.leased(taken);
@@ -243,7 +240,7 @@ export class AtomicPhases {
 
   /**
    * Locks the key row for a settling transaction: the first lock every settler takes (then order,
-   * payment, refund), so settlers never deadlock. With `leaseToken`, answers whether this holder
+   * the operation's own rows), so settlers never deadlock. With `leaseToken`, answers whether this holder
    * still owns the key; without one (a webhook), whether the key is still unfinished.
    */
   async lockForSettling(keyId: string, leaseToken?: string): Promise<{ owned: true } | { owned: false; response: StoredResponse | null }> {

@@ -18,7 +18,7 @@ const MAX_NAMED_STATEMENTS = 500;
  * Statement text → its name, for the whole process: a name never stands for two texts, whichever
  * pool or connection runs it. A named statement is parsed and planned once per connection, then
  * only bound and executed: the hot path's statements are the same few texts every request, and
- * parsing them again each time costs PostgreSQL CPU on the 2 cores it shares with this process.
+ * parsing them again each time costs PostgreSQL CPU.
  * PostgreSQL re-plans a prepared statement when the schema under it changes, but it refuses one whose
  * result columns changed (0A000): every statement names its columns, and `Database` recovers a 0A000
  * (see `send`) for a schema change a statement still depends on.
@@ -81,7 +81,7 @@ function beginStatement(settings: TransactionSettings): string {
   ].join('; ');
 }
 
-/** Every pooled connection stayed busy for DATABASE_POOL_WAIT_MS: the service is overloaded, retry shortly. */
+/** Every pooled connection stayed busy for the pool's `connectionTimeoutMillis`: the app is overloaded, retry shortly. */
 export class PoolExhaustedError extends Error {
   constructor(options?: ErrorOptions) {
     super('No database connection became free in time', options);
@@ -114,7 +114,7 @@ const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
 
 /**
  * The current transaction. `transaction(fn)` opens one and every `query`, and every repository of
- * `manager`, used while `fn` runs — in this service or any other — joins it, so an interceptor can
+ * `manager`, used while `fn` runs — in any service of the app — joins it, so an interceptor can
  * claim an idempotency key, let the handler write, and record the response in ONE commit. A `query`
  * outside one is a transaction of its own (BEGIN, the statement and COMMIT in one write). The DataSource's own
  * repositories (`@InjectRepository`), manager, `query()` and `transaction()` join it too; a write on any other
@@ -332,7 +332,7 @@ export class Database implements OnModuleDestroy {
   }
 
   /**
-   * A pooled connection, or PoolExhaustedError once DATABASE_POOL_WAIT_MS has passed without one.
+   * A pooled connection, or PoolExhaustedError once the pool's `connectionTimeoutMillis` has passed without one.
    * With the server down, this fails at once (ECONNREFUSED): no retry here, the client is told 503.
    */
   private async connect(): Promise<PoolClient> {
@@ -353,8 +353,8 @@ export class Database implements OnModuleDestroy {
 
   /**
    * Runs `fn` as if no transaction were open: its statements and transactions use connections of their own.
-   * For work that must commit on its own before the caller's transaction goes on (settling a stale payment
-   * before a cancel locks the order): done inside, it would wait on the caller's own locks.
+   * For work that must commit on its own before the caller's transaction goes on (settling a stale operation
+   * before the caller locks the rows it needs): done inside, it would wait on the caller's own locks.
    */
   outsideTransaction<T>(fn: () => Promise<T>): Promise<T> {
     return this.current.exit(fn);

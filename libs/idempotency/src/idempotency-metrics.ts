@@ -3,7 +3,7 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 
 export type IdempotencyOutcome = 'executed' | 'replayed' | 'waited' | 'conflict' | 'mismatch' | 'missing';
 
-/** What the Idempotency-Key layer reports: each outcome logged with client and key and counted (docs/contract.md#idempotency-key), and the waits. */
+/** What the Idempotency-Key layer reports: each outcome logged with client and key and counted, and the waits. */
 export class IdempotencyMetrics {
   private readonly logger = new Logger('Idempotency');
   readonly requests: Counter<'outcome'>;

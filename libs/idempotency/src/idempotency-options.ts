@@ -83,11 +83,15 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
 export const {
   ConfigurableModuleClass: ConfigurableIdempotencyModule,
   MODULE_OPTIONS_TOKEN: IDEMPOTENCY_MODULE_OPTIONS,
+  ASYNC_OPTIONS_TYPE,
 } = new ConfigurableModuleBuilder<IdempotencyModuleOptions>()
   .setClassMethodName('forRoot')
   // Global by default, as TypeOrmModule.forRoot is: every module with an @Idempotent() route needs the layer's providers, and there is one layer per app.
   .setExtras({ isGlobal: true }, (definition, extras) => ({ ...definition, global: extras.isGlobal }))
   .build();
+
+/** `IdempotencyModule.forRootAsync`'s argument: `useFactory` (with `inject`), `useClass` or `useExisting`, and `isGlobal`. */
+export type IdempotencyModuleAsyncOptions = typeof ASYNC_OPTIONS_TYPE;
 
 /** The resolved options, as every service of the layer injects them. */
 export const IDEMPOTENCY_OPTIONS = Symbol('IDEMPOTENCY_OPTIONS');

@@ -178,7 +178,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       return { response, replayed: false, outcome: 'executed' };
     } catch (err) {
       // Validation errors, auth, 5xx, and temporary refusals (they carry Retry-After: ask again later,
-      // e.g. a cancel while a payment is pending): thrown on, the transaction rolls back, the key is free again.
+      // e.g. a state that is about to change): thrown on, the transaction rolls back, the key is free again.
       if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus())) throw err;
       const { problem, headers } = this.options.renderError(err);
       if (isTemporary(headers)) throw err;
@@ -197,7 +197,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private replay(scope: KeyScope, record: KeyRecord, waited: boolean): Execution {
     // An expired key is bound to no request any more; it is only still here because it is unfinished.
     if (!record.expired) this.refuseAnotherRequest(scope, record.fingerprint);
-    // Committed but unfinished: a phased handler (payments) is mid-way under its lease.
+    // Committed but unfinished: a phased handler (AtomicPhases) is mid-way under its lease.
     if (!record.response) throw this.outstanding(scope, 0);
     return { response: record.response, replayed: true, outcome: waited ? 'waited' : 'replayed' };
   }
