@@ -180,7 +180,7 @@ export class AtomicPhases {
       const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, lease, true]);
       if (taken) {
         this.note('executed', scope);
-        this.logger.log({ outcome: 'resumed', clientId: scope.clientId, idempotencyKey: scope.key, recoveryPoint: taken.recovery_point }, 'idempotency resumed');
+        this.logger.log(`idempotency resumed: client ${scope.clientId}, key ${scope.key}, at ${taken.recovery_point}`);
         return { kind: 'resumed', key: this.leased(taken) };
       }
     }

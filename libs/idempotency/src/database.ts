@@ -150,7 +150,7 @@ export class Database implements OnModuleDestroy {
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
   private readonly guarded = new WeakSet<PoolClient>();
   private readonly onClientError = (err: Error) =>
-    this.logger.warn({ err }, 'a database connection in use failed; it is dropped when released');
+    this.logger.warn(`a database connection in use failed; it is dropped when released: ${err.message}`);
   private readonly settings: TransactionSettings;
   private readonly begin: Deferred;
   private readonly statement: (text: string, values: unknown[]) => string | QueryConfig;

@@ -1,6 +1,6 @@
 import { ConfigurableModuleBuilder, type HttpException } from '@nestjs/common';
-import type { Registry } from 'prom-client';
 import { defaultProblemType } from './idempotency-key-header.js';
+import type { PrometheusRegistry } from './idempotency-metrics.js';
 import { type Problem, problemOf } from './problem-details.js';
 
 /** What a request looks like to the layer, on Express or Fastify alike. */
@@ -9,6 +9,8 @@ export interface IdempotentRequest {
   originalUrl: string;
   headers: Record<string, string | string[] | undefined>;
   body?: unknown;
+  /** What an authentication guard (Passport, your own) put on the request: `callerScope: (req) => req.user?.id`. */
+  user?: { id?: string; [claim: string]: unknown };
 }
 
 /**
@@ -36,8 +38,8 @@ export interface IdempotencyModuleOptions {
   replayCacheEntries?: number;
   /** Response headers stored with an answer and sent again on replay (lower-case). Never Set-Cookie. */
   replayedHeaders?: readonly string[];
-  /** A Prometheus registry for the layer's metrics, or false for none. Default none. */
-  metrics?: Registry | false;
+  /** A prom-client `Registry` for the layer's metrics (prom-client is loaded only then), or false for none. Default none. */
+  metrics?: PrometheusRegistry | false;
   /** Delete expired keys once a minute (off when several apps share one table and another reaps). Default true. */
   reaper?: boolean;
   /** Named (server-side prepared) statements: set false behind a transaction pooler that cannot keep them. Default true. */
@@ -56,7 +58,7 @@ export interface IdempotencyModuleOptions {
 
 /** The options with every default filled in: what the layer's services read. */
 export interface ResolvedIdempotencyOptions extends Required<Omit<IdempotencyModuleOptions, 'metrics'>> {
-  metrics: Registry | false;
+  metrics: PrometheusRegistry | false;
 }
 
 export const DEFAULT_REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'retry-after'] as const;

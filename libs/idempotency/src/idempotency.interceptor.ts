@@ -69,7 +69,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const res = context.switchToHttp().getResponse<IdempotentReply>();
     const raw = req.headers['idempotency-key'];
     if (raw === undefined) {
-      if (!options.required) return next.handle();
+      if (options.required === false) return next.handle();
       this.metrics.note('missing', this.options.callerScope(req), undefined);
       throw this.problems.keyMissing();
     }
