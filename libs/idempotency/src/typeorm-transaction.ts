@@ -112,20 +112,21 @@ export function refuseEscapingWrites(scope: TransactionScope): () => void {
     const prototype = pg.Client.prototype as unknown as { query: (this: PoolClient, ...args: unknown[]) => unknown };
     const query = prototype.query;
     prototype.query = function guardedQuery(this: PoolClient, ...args: unknown[]) {
-      const [config] = args;
-      const sql = typeof config === 'string' ? config : ((config as { text?: unknown } | undefined)?.text ?? '');
-      if (typeof sql === 'string' && !READS.test(sql)) {
-        for (const open of scopes) {
-          const client = open.openClient();
-          if (client === undefined || client === this) continue;
-          const escaping = new EscapingWriteError(sql);
-          if (open.escapingWrites === 'refuse') {
-            const callback = args.find((arg) => typeof arg === 'function') as ((err: Error) => void) | undefined;
-            if (callback) return void process.nextTick(callback, escaping);
-            return Promise.reject(escaping);
-          }
+      // Checked per statement, cheapest first: most run with no transaction open, or on the open one's own connection.
+      for (const open of scopes) {
+        const client = open.openClient();
+        if (client === undefined || client === this) continue;
+        const [config] = args;
+        const sql = typeof config === 'string' ? config : (config as { text?: unknown } | undefined)?.text;
+        if (typeof sql !== 'string' || READS.test(sql)) continue;
+        const escaping = new EscapingWriteError(sql);
+        if (open.escapingWrites === 'log') {
           logger.error(escaping.message);
+          continue;
         }
+        const callback = args.find((arg) => typeof arg === 'function') as ((err: Error) => void) | undefined;
+        if (callback) return void process.nextTick(callback, escaping);
+        return Promise.reject(escaping);
       }
       return query.apply(this, args);
     };
