@@ -203,7 +203,7 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
   });
 
   it('with DATABASE_PREPARED_STATEMENTS=false nothing is prepared on the server, and a schema change costs no error at all', async () => {
-    const failures = jest.spyOn(Database.prototype as unknown as { discardStatements(): Promise<void> }, 'discardStatements');
+    const failures = jest.spyOn(Database.prototype as unknown as { rollBackAndDiscardStatements(): Promise<void> }, 'rollBackAndDiscardStatements');
     try {
       const db = await open({ DATABASE_PREPARED_STATEMENTS: 'false' });
       expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);

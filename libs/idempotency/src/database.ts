@@ -95,11 +95,17 @@ interface Deferred {
   params: unknown[];
 }
 
+/**
+ * Where a transaction stands on its connection. 'not begun': BEGIN is not sent yet — a transaction that makes no query
+ * costs no round trip at all — or the last one ended (COMMIT, or ROLLBACK after a 0A000). 'begun': BEGIN went out
+ * (in the first batch, `takeDeferred`) and neither COMMIT nor ROLLBACK has since.
+ */
+type TransactionState = 'not begun' | 'begun';
+
 /** The transaction `transaction(fn)` opened, as every query made while `fn` runs finds it. */
 interface OpenTransaction {
   client: PoolClient;
-  /** False until BEGIN has been sent: a transaction that makes no query costs no round trip at all. */
-  begun: boolean;
+  state: TransactionState;
   /** Batches sent so far: only the first, alone on the wire, can simply be sent again (see `send`). */
   sent: number;
   /** Sent, in order, in the same write as the next statement (or the COMMIT). */
@@ -208,7 +214,7 @@ export class Database implements OnModuleDestroy {
    * `query`, in order: TypeORM's statements share the connection, so a SAVEPOINT queued before them must reach it first.
    */
   private flush(open: OpenTransaction): Promise<unknown> | undefined {
-    if (open.begun && open.deferred.length === 0) return undefined;
+    if (open.state === 'begun' && open.deferred.length === 0) return undefined;
     return this.send(open, this.takeDeferred(open));
   }
 
@@ -227,11 +233,14 @@ export class Database implements OnModuleDestroy {
     const batch = statements.map(({ sql, params }) => ({ sql, params: params ?? [] }));
     const open = this.current.getStore();
     if (open) return (await this.send(open, [...this.takeDeferred(open), ...batch])).slice(-batch.length);
-    return this.inTransaction(async (alone) => {
-      const results = await this.send(alone, [...this.takeDeferred(alone), ...batch, COMMIT]);
-      alone.begun = false;
-      return results.slice(-batch.length - 1, -1);
-    });
+    return this.inTransaction((alone) => this.sendAndCommit(alone, batch));
+  }
+
+  /** The batch with everything queued before it and a COMMIT after it, in one write; the batch's rows. */
+  private async sendAndCommit(open: OpenTransaction, batch: Deferred[]): Promise<unknown[][]> {
+    const results = await this.send(open, [...this.takeDeferred(open), ...batch, COMMIT]);
+    open.state = 'not begun';
+    return results.slice(-batch.length - 1, -1);
   }
 
   /**
@@ -267,10 +276,11 @@ export class Database implements OnModuleDestroy {
     return open;
   }
 
+  /** What is queued, to go out ahead of the next statement: BEGIN first, when the transaction has not begun. */
   private takeDeferred(open: OpenTransaction): Deferred[] {
-    const taken: Deferred[] = open.begun ? [] : [this.begin];
-    open.begun = true;
-    return taken.concat(open.deferred.splice(0));
+    const begin: Deferred[] = open.state === 'not begun' ? [this.begin] : [];
+    open.state = 'begun';
+    return [...begin, ...open.deferred.splice(0)];
   }
 
   /**
@@ -286,23 +296,26 @@ export class Database implements OnModuleDestroy {
    * error voided; the error propagates (503, retryable) instead.
    */
   private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
-    const ordinal = open.sent++;
+    const isFirstBatch = open.sent++ === 0;
     try {
       return await this.write(open.client, statements);
     } catch (err) {
       if (!isCachedPlanInvalidated(err)) throw err;
       this.logger.warn(`a schema change invalidated prepared statements (${(err as Error).message}); this connection discards them`);
-      await this.discardStatements(open);
-      if (ordinal !== 0 || open.sent !== 1) throw err;
-      open.begun = true;
+      await this.rollBackAndDiscardStatements(open);
+      // Alone on the wire: no batch went out behind it while it failed.
+      const nothingDependsOnIt = isFirstBatch && open.sent === 1;
+      if (!nothingDependsOnIt) throw err;
+      // The same batch again, its BEGIN included: the transaction begins anew.
+      open.state = 'begun';
       return await this.write(open.client, statements);
     }
   }
 
   /** Ends the aborted transaction and drops the connection's prepared statements, in one write. */
-  private async discardStatements(open: OpenTransaction): Promise<void> {
+  private async rollBackAndDiscardStatements(open: OpenTransaction): Promise<void> {
     await this.write(open.client, [{ sql: 'ROLLBACK', params: [] }, { sql: DISCARD_STATEMENTS, params: [] }]);
-    open.begun = false;
+    open.state = 'not begun';
     // pg's own record of what it prepared on this connection (not public API): without it, pg would
     // bind the names it believes exist. Should it be missing, the connection is not reused.
     const connection = (open.client as unknown as { connection?: { parsedStatements?: Record<string, string> } }).connection;
@@ -366,10 +379,7 @@ export class Database implements OnModuleDestroy {
     return this.inTransaction(async (open) => {
       const result = await this.current.run(open, fn).finally(() => open.closeRunner?.());
       // Nothing sent and nothing queued: there is no transaction to end.
-      if (open.begun || open.deferred.length > 0) {
-        await this.send(open, [...this.takeDeferred(open), COMMIT]);
-        open.begun = false;
-      }
+      if (open.state === 'begun' || open.deferred.length > 0) await this.sendAndCommit(open, []);
       return result;
     });
   }
@@ -377,7 +387,7 @@ export class Database implements OnModuleDestroy {
   /** A connection for `fn`'s transaction; rolled back when `fn` throws with the transaction still open, then released. */
   private async inTransaction<T>(fn: (open: OpenTransaction) => Promise<T>): Promise<T> {
     const client = await this.connect();
-    const open: OpenTransaction = { client, begun: false, sent: 0, deferred: [] };
+    const open: OpenTransaction = { client, state: 'not begun', sent: 0, deferred: [] };
     let broken: Error | undefined;
     try {
       return await fn(open);
@@ -385,7 +395,7 @@ export class Database implements OnModuleDestroy {
       if (isDatabaseUnavailable(err)) broken = err as Error;
       // A connection that cannot even roll back is dropped, not handed to the next request.
       // (After a failed COMMIT the transaction is over already: the server says so, nothing is sent.)
-      else if (open.begun && client.getTransactionStatus() !== 'I') {
+      else if (open.state === 'begun' && client.getTransactionStatus() !== 'I') {
         await client.query('ROLLBACK').catch((rollbackError: unknown) => {
           broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
         });
