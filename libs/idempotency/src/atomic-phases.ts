@@ -91,6 +91,11 @@ const TAKE_OVER_LEASE = `
  */
 const IN_FLIGHT_RETRY_AFTER_SECONDS = 2;
 
+/** Rounds of `acquire` before a 409: each needs the key's row to vanish between two of its statements, so a few suffice. */
+const CLAIM_ROUNDS = 3;
+/** `fromExisting`: the row stopped counting (expired and deleted, or taken over first); `acquire` goes round again. */
+const CLAIM_AGAIN = Symbol('claim again');
+
 const toResponse = (row: PhasedKeyRow): StoredResponse => ({
   status: row.response_status!,
   headers: row.response_headers ?? {},
@@ -134,58 +139,65 @@ export class AtomicPhases {
   /**
    * Claims, resumes or answers the key. Must run inside a transaction: when it returns `claimed`, the
    * caller's phase 1 writes join that transaction and commit with the claim (or roll it back with
-   * them, leaving the key free).
+   * them, leaving the key free). Each round: a new row, or else the existing one, locked, decides; a row
+   * that stops counting in between (reaped, expired, taken over first) sends it round again.
    */
   async acquire(scope: KeyScope): Promise<Acquired> {
-    const lease = this.options.leaseSeconds;
-    for (let round = 0; round < 3; round++) {
-      const [claimed] = await this.lockTimeoutIsConflict(scope, () =>
-        this.db.query<LeaseRow>(CLAIM_PHASED_KEY, [
-          scope.clientId,
-          scope.key,
-          scope.fingerprint,
-          scope.method,
-          scope.path,
-          lease,
-        ]),
-      );
+    for (let round = 0; round < CLAIM_ROUNDS; round++) {
+      const claimed = await this.claimNew(scope);
       if (claimed) {
         this.note('executed', scope);
         return { kind: 'claimed', key: this.leased(claimed) };
       }
-      // The row exists (and is committed: the INSERT waited for its transaction). Lock it, so that
-      // a take-over below and a settler elsewhere cannot interleave.
-      const [row] = await this.lockTimeoutIsConflict(scope, () =>
-        this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, [scope.clientId, scope.key]),
-      );
-      if (!row) continue; // reaped meanwhile: claim it afresh
-      if (row.fingerprint !== scope.fingerprint) {
-        this.note('mismatch', scope);
-        throw this.problems.keyReused();
-      }
-      if (row.state === 'completed') {
-        if (!row.expired) {
-          this.note('replayed', scope);
-          return { kind: 'completed', response: toResponse(row) };
-        }
-        // An expired key counts as absent. A new row (new id), so whatever the old one settled keeps its link to nothing.
-        await this.db.query(`DELETE FROM idempotency_keys WHERE id = $1`, [row.id]);
-        continue;
-      }
-      // A live holder: answer 409. A key only set aside (no holder) is this request's to resume.
-      if (row.leased && row.lease_token !== null) {
-        this.note('conflict', scope);
-        throw this.leaseHeld(Math.min(IN_FLIGHT_RETRY_AFTER_SECONDS, Math.max(1, Number(row.lease_seconds_left ?? 1))));
-      }
-      const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, lease, true]);
-      if (taken) {
-        this.note('executed', scope);
-        this.logger.log(`idempotency resumed: client ${scope.clientId}, key ${scope.key}, at ${taken.recovery_point}`);
-        return { kind: 'resumed', key: this.leased(taken) };
-      }
+      const existing = await this.lockExisting(scope);
+      if (!existing) continue; // reaped meanwhile: claim it afresh
+      const acquired = await this.fromExisting(scope, existing);
+      if (acquired !== CLAIM_AGAIN) return acquired;
     }
     this.note('conflict', scope);
     throw this.leaseHeld(1);
+  }
+
+  /** The key's new row, with a lease, or undefined when a row exists (the INSERT waited for its transaction, so it is committed). */
+  private async claimNew(scope: KeyScope): Promise<LeaseRow | undefined> {
+    const params = [scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path, this.options.leaseSeconds];
+    const [claimed] = await this.lockTimeoutIsConflict(scope, () => this.db.query<LeaseRow>(CLAIM_PHASED_KEY, params));
+    return claimed;
+  }
+
+  /** The existing row, locked, so that a take-over here and a settler elsewhere cannot interleave; undefined once reaped. */
+  private async lockExisting(scope: KeyScope): Promise<PhasedKeyRow | undefined> {
+    const [row] = await this.lockTimeoutIsConflict(scope, () =>
+      this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, [scope.clientId, scope.key]),
+    );
+    return row;
+  }
+
+  /** What an existing key gives this request: its answer, its lease (taken over), a refusal (thrown), or CLAIM_AGAIN. */
+  private async fromExisting(scope: KeyScope, row: PhasedKeyRow): Promise<Acquired | typeof CLAIM_AGAIN> {
+    if (row.fingerprint !== scope.fingerprint) {
+      this.note('mismatch', scope);
+      throw this.problems.keyReused();
+    }
+    if (row.state === 'completed') {
+      if (!row.expired) {
+        this.note('replayed', scope);
+        return { kind: 'completed', response: toResponse(row) };
+      }
+      // An expired key counts as absent. A new row (new id), so whatever the old one settled keeps its link to nothing.
+      await this.db.query(`DELETE FROM idempotency_keys WHERE id = $1`, [row.id]);
+      return CLAIM_AGAIN;
+    }
+    // A live holder: answer 409. A key only set aside (no holder) is this request's to resume.
+    if (row.leased && row.lease_token !== null) {
+      this.note('conflict', scope);
+      throw this.leaseHeld(Math.min(IN_FLIGHT_RETRY_AFTER_SECONDS, Math.max(1, Number(row.lease_seconds_left ?? 1))));
+    }
+    const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, this.options.leaseSeconds, true]);
+    if (!taken) return CLAIM_AGAIN;
+    this.note('executed', scope);
+    this.logger.log(`idempotency resumed: client ${scope.clientId}, key ${scope.key}, at ${taken.recovery_point}`);
+    return { kind: 'resumed', key: this.leased(taken) };
   }
 
   /**
