@@ -20,6 +20,7 @@ export default {
     '^(\\.{1,2}/.*)\\.js$': '$1',
     // package.json "imports": Jest does not read them; each lib's entry, as TypeScript source.
     '^#idempotency$': '<rootDir>/libs/idempotency/src/index.ts',
+    '^#idempotency/internal$': '<rootDir>/libs/idempotency/src/internal.ts',
     '^#psp-sandbox$': '<rootDir>/libs/psp-sandbox/src/index.ts',
   },
   transform: {

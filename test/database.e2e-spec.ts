@@ -3,7 +3,8 @@
  * next one or the COMMIT) must mean exactly what sending them one by one means. On a real PostgreSQL.
  */
 import { DataSource } from 'typeorm';
-import { Database, isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency';
+import { Database } from '#idempotency';
+import { isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency/internal';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
 import { jest } from '@jest/globals';
@@ -202,7 +203,7 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
   });
 
   it('with DATABASE_PREPARED_STATEMENTS=false nothing is prepared on the server, and a schema change costs no error at all', async () => {
-    const failures = jest.spyOn(Database.prototype as unknown as { discardStatements(): Promise<void> }, 'discardStatements');
+    const failures = jest.spyOn(Database.prototype as unknown as { rollBackAndDiscardStatements(): Promise<void> }, 'rollBackAndDiscardStatements');
     try {
       const db = await open({ DATABASE_PREPARED_STATEMENTS: 'false' });
       expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);

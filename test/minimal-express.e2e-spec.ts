@@ -1,7 +1,7 @@
 /**
- * The layer lifted into another app: apps/minimal-express (Express, one entity, TypeORM repositories,
- * the layer only through its public entry) on a database of its own, migrated by its own migrations.
- * Each claim is checked in the database afterwards.
+ * The layer lifted into another app: apps/minimal-express (Express, one entity, injected TypeORM repositories,
+ * the layer only through its public entry) on a database of its own, migrated by its own migrations, with
+ * NODE_ENV=production. Each claim is checked in the database afterwards.
  */
 import { jest } from '@jest/globals';
 import { Body, Controller, Headers, type INestApplication, Logger, Module, Post, ValidationPipe } from '@nestjs/common';
@@ -17,15 +17,63 @@ import { Transfer } from '../apps/minimal-express/src/transfer.entity';
 import { SINGLE_TRANSFER_LIMIT_MINOR, TransfersService } from '../apps/minimal-express/src/transfers.service';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
 
-/** The mistake the layer refuses: a handler that writes through an injected repository, on a connection of its own. */
-@Controller('escaping-transfers')
-class EscapingTransfersController {
-  constructor(@InjectRepository(Transfer) private readonly transfers: Repository<Transfer>) {}
+/** Every way TypeORM's docs teach to write, inside one @Idempotent() handler: each must join the claim's transaction. */
+@Controller('typeorm-ways')
+class TypeOrmWaysController {
+  constructor(
+    @InjectRepository(Transfer) private readonly transfers: Repository<Transfer>,
+    private readonly dataSource: DataSource,
+  ) {}
 
   @Post()
   @Idempotent()
-  create(@Headers('x-client-id') clientId: string, @Body() dto: CreateTransferDto): Promise<Transfer> {
-    return this.transfers.save(this.transfers.create({ clientId, ...dto }));
+  async create(@Headers('x-client-id') clientId: string, @Body() dto: CreateTransferDto): Promise<{ ids: string[] }> {
+    const row = (amountMinor: number) => ({ clientId, toAccount: dto.toAccount, amountMinor });
+    const injected = await this.transfers.save(this.transfers.create(row(dto.amountMinor)));
+    const managed = await this.dataSource.manager.save(Transfer, this.dataSource.manager.create(Transfer, row(dto.amountMinor + 1)));
+    const [queried] = await this.dataSource.query<{ id: string }[]>(
+      `INSERT INTO transfers (client_id, to_account, amount_minor) VALUES ($1, $2, $3) RETURNING id`,
+      [clientId, dto.toAccount, dto.amountMinor + 2],
+    );
+    // A nested transaction() is a savepoint: the inner one that throws undoes only its own write.
+    const nested = await this.dataSource.transaction(async (manager) => {
+      const kept = await manager.save(Transfer, manager.create(Transfer, row(dto.amountMinor + 3)));
+      await manager
+        .transaction(async (inner) => {
+          await inner.save(Transfer, inner.create(Transfer, row(dto.amountMinor + 4)));
+          throw new Error('undo the inner savepoint');
+        })
+        .catch(() => undefined);
+      return kept;
+    });
+    if (dto.toAccount.startsWith('fail-after-writes-')) throw new Error('the handler fails after its writes');
+    return { ids: [injected.id, managed.id, queried.id, nested.id] };
+  }
+}
+
+/** What cannot join: a raw pg pool, or a second DataSource, of the app's own, on connections the layer does not hold. */
+@Controller('raw-pool-transfers')
+class RawPoolTransfersController {
+  static pool: Pool;
+  static secondDataSource: DataSource;
+
+  @Post('second-data-source')
+  @Idempotent()
+  async viaSecondDataSource(@Headers('x-client-id') clientId: string, @Body() dto: CreateTransferDto): Promise<{ ok: true }> {
+    const transfers = RawPoolTransfersController.secondDataSource.getRepository(Transfer);
+    await transfers.save(transfers.create({ clientId, ...dto }));
+    return { ok: true };
+  }
+
+  @Post()
+  @Idempotent()
+  async create(@Headers('x-client-id') clientId: string, @Body() dto: CreateTransferDto): Promise<{ ok: true }> {
+    await RawPoolTransfersController.pool.query(`INSERT INTO transfers (client_id, to_account, amount_minor) VALUES ($1, $2, $3)`, [
+      clientId,
+      dto.toAccount,
+      dto.amountMinor,
+    ]);
+    return { ok: true };
   }
 }
 
@@ -35,20 +83,32 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
   let base: string;
   let check: Pool;
 
+  const nodeEnv = process.env.NODE_ENV;
   beforeAll(async () => {
+    // As in production: nothing about joining or refusing may depend on it.
+    process.env.NODE_ENV = 'production';
     database = await createTestDatabase({ empty: true });
     @Module({})
     class ProofModule {}
     app = await NestFactory.create(
-      { module: ProofModule, imports: [AppModule.forRoot({ databaseUrl: database.url }), TypeOrmModule.forFeature([Transfer])], controllers: [EscapingTransfersController] },
+      {
+        module: ProofModule,
+        imports: [AppModule.forRoot({ databaseUrl: database.url }), TypeOrmModule.forFeature([Transfer])],
+        controllers: [TypeOrmWaysController, RawPoolTransfersController],
+      },
       { logger: ['error'] },
     );
     app.useGlobalPipes(new ValidationPipe({ whitelist: true, forbidNonWhitelisted: true }));
     await app.listen(0, '127.0.0.1');
     base = await app.getUrl();
     check = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 2 }));
+    RawPoolTransfersController.pool = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
+    RawPoolTransfersController.secondDataSource = await new DataSource({ type: 'postgres', url: database.url, entities: [Transfer] }).initialize();
   });
   afterAll(async () => {
+    process.env.NODE_ENV = nodeEnv;
+    await RawPoolTransfersController.pool?.end();
+    await RawPoolTransfersController.secondDataSource?.destroy();
     await check?.end();
     await app?.close();
     await database?.drop();
@@ -116,20 +176,62 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
     expect(await keyRow(key)).toEqual([{ state: 'completed', response_status: 422 }]);
   });
 
-  it('a write through an injected repository inside the handler: refused, nothing committed, the key free', async () => {
+  it("an injected repository, the DataSource's manager, query() and nested transaction()s all join the claim's transaction", async () => {
     const key = randomUUID();
     const account = `acc-${randomUUID()}`;
+    const first = await post('/typeorm-ways', key, { toAccount: account, amountMinor: 10 });
+    expect(first.status).toBe(201);
+    const firstBody = await first.text();
+    const replay = await post('/typeorm-ways', key, { toAccount: account, amountMinor: 10 });
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect(await replay.text()).toBe(firstBody);
+    const rows = await check.query<{ id: string; amount_minor: number }>(`SELECT id, amount_minor FROM transfers WHERE to_account = $1 ORDER BY amount_minor`, [account]);
+    // Four writes, once each; the inner savepoint's (14) undone.
+    expect(rows.rows.map((r) => r.amount_minor)).toEqual([10, 11, 12, 13]);
+    expect(new Set(rows.rows.map((r) => r.id))).toEqual(new Set((JSON.parse(firstBody) as { ids: string[] }).ids));
+    expect(await keyRow(key)).toEqual([{ state: 'completed', response_status: 201 }]);
+  });
+
+  it('a 500 after writes through every TypeORM way: none of them committed, and the retry makes each once', async () => {
+    const key = randomUUID();
+    const account = `fail-after-writes-${randomUUID()}`;
     const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
     try {
-      const res = await post('/escaping-transfers', key, { toAccount: account, amountMinor: 300 });
-      expect(res.status).toBe(500);
-      const logged = errors.mock.calls.map(([first]) => (first as { err?: unknown } | undefined)?.err);
-      expect(logged.some((err) => err instanceof EscapingWriteError)).toBe(true);
+      const failed = await post('/typeorm-ways', key, { toAccount: account, amountMinor: 20 });
+      expect(failed.status).toBe(500);
+      expect(failed.headers.get('content-type')).toMatch(/^application\/problem\+json/);
     } finally {
       errors.mockRestore();
     }
     expect(await transfersTo(account)).toBe(0);
     expect(await keyRow(key)).toEqual([]);
+    // The same key, a body that no longer fails: it is free, so it runs once.
+    const retried = await post('/transfers', key, { toAccount: account, amountMinor: 20 });
+    expect(retried.status).toBe(201);
+    expect(await transfersTo(account)).toBe(1);
+    expect(await keyRow(key)).toEqual([{ state: 'completed', response_status: 201 }]);
+  });
+
+  it.each([
+    ['a raw pg pool', '/raw-pool-transfers'],
+    ['a second DataSource', '/raw-pool-transfers/second-data-source'],
+  ])('a write on a connection that cannot join (%s) is refused in production too: nothing committed, the key free', async (_what, path) => {
+    const key = randomUUID();
+    const account = `acc-${randomUUID()}`;
+    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+    try {
+      const res = await post(path, key, { toAccount: account, amountMinor: 300 });
+      expect(res.status).toBe(500);
+      // Through TypeORM it arrives wrapped in a QueryFailedError that keeps its message.
+      expect(errors.mock.calls.some(([message]) => String(message).includes(new EscapingWriteError('').message.slice(0, 80)))).toBe(true);
+    } finally {
+      errors.mockRestore();
+    }
+    expect(await transfersTo(account)).toBe(0);
+    expect(await keyRow(key)).toEqual([]);
+    // Outside a handler the same pool writes as usual: only a write inside the open transaction's context is refused.
+    await RawPoolTransfersController.pool.query(`INSERT INTO transfers (client_id, to_account, amount_minor) VALUES ('acme', $1, 1)`, [account]);
+    expect(await transfersTo(account)).toBe(1);
   });
 
   it('keys are the caller\'s: another client with the same key gets its own transfer; no caller, no claim', async () => {

@@ -9,7 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { Client } from 'pg';
 import request from 'supertest';
 import { DDL_LOCK_TIMEOUT_MS } from '../src/database/apply-migrations';
-import { PG, pgErrorCode } from '#idempotency';
+import { PG, pgErrorCode } from '#idempotency/internal';
 import { ALICE, bearer, ignoreIdleErrors, startTestApp, type TestApp } from './support/test-app';
 
 const HOT_TABLES = ['orders', 'payments', 'idempotency_keys', 'refunds'];

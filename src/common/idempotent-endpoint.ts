@@ -1,6 +1,6 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse } from '@nestjs/swagger';
-import { IDEMPOTENCY_KEY_HEADER, Idempotent, type IdempotentOptions } from '#idempotency';
+import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER, Idempotent, type IdempotentOptions } from '#idempotency';
 import { ApiProblems } from './api-problem-responses.js';
 
 /** The Idempotency-Key problems as the OpenAPI document shows them; the phased (payment) endpoints document the same ones. */
@@ -30,8 +30,8 @@ export function IdempotentEndpoint(options: IdempotentOptions = { required: true
     }),
     ApiResponse({
       status: 'default',
-      description: 'Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true.',
-      headers: { 'Idempotent-Replayed': { description: 'true when this is the stored response of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
+      description: `Any stored response replayed for a repeated Idempotency-Key carries ${IDEMPOTENT_REPLAYED_HEADER}: true.`,
+      headers: { [IDEMPOTENT_REPLAYED_HEADER]: { description: 'true when this is the stored response of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
     }),
     ApiProblems(
       ...(options.required

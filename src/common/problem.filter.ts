@@ -1,6 +1,13 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
-import { isCachedPlanInvalidated, isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation, PoolExhaustedError, problemOf } from '#idempotency';
+import { PoolExhaustedError, problemOf } from '#idempotency';
+import {
+  isCachedPlanInvalidated,
+  isDatabaseUnavailable,
+  isDataException,
+  isTransientConflict,
+  isUniqueViolation,
+} from '#idempotency/internal';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
 /** Seconds to wait before retrying after a lock conflict or a full pool: long enough for most requests in the way to finish. */

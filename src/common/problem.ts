@@ -1,6 +1,7 @@
 import { ProblemDetailsException } from '#idempotency';
 
-export { PROBLEM_CONTENT_TYPE, plainProblem, type Problem } from '#idempotency';
+export { type Problem } from '#idempotency';
+export { PROBLEM_CONTENT_TYPE, plainProblem } from '#idempotency/internal';
 
 /** Problem types are URNs: stable identifiers a client can switch on; the title is for people. */
 export function problemType(slug: string): string {

@@ -1,7 +1,7 @@
 import { Client, type Pool } from 'pg';
 import { DataSource, type DataSourceOptions, type MigrationInterface } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
-import { PG, pgErrorCode } from '#idempotency';
+import { PG, pgErrorCode } from '#idempotency/internal';
 import { poolerSuspicion } from './pooler-check.js';
 
 // Any fixed number: every instance of this service takes the same advisory lock.

@@ -28,7 +28,7 @@ import {
   VALIDATION_FAILED,
 } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { IdempotencyMetrics } from '#idempotency';
+import { IdempotencyMetrics } from '#idempotency/internal';
 import { IdempotentEndpoint } from '../common/idempotent-endpoint.js';
 import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
 import { idempotencyKeyOrSubmitTokenMissing, submitTokenWithIdempotencyKey } from '../submit-tokens/submit-token-problems.js';

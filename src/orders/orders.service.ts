@@ -1,7 +1,8 @@
 import { Injectable } from '@nestjs/common';
 import { createHash, randomBytes } from 'node:crypto';
 import { isUUID } from 'class-validator';
-import { canonicalJson, Database } from '#idempotency';
+import { Database } from '#idempotency';
+import { canonicalJson } from '#idempotency/internal';
 import { ProblemException } from '../common/problem.js';
 import type { CreateOrderDto, OrderItemDto } from './dto/create-order.dto.js';
 import { DEFAULT_PAGE_SIZE, type ListOrdersQuery } from './dto/list-orders.query.js';

@@ -1,6 +1,7 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Interval } from '@nestjs/schedule';
-import { Database, deleteInBatches } from '#idempotency';
+import { Database } from '#idempotency';
+import { deleteInBatches } from '#idempotency/internal';
 
 /**
  * How long a processed event is remembered. Standard Webhooks providers stop redelivering after a

@@ -28,6 +28,7 @@ export class AppModule {
           // The layer sends a transaction's statements together (BEGIN with the claim, the answer with COMMIT).
           extra: { pipeline: true },
         }),
+        TypeOrmModule.forFeature([Transfer]),
         IdempotencyModule.forRoot({
           // Keys are scoped to the caller; a real app takes it from its authentication.
           callerScope: (req) => {

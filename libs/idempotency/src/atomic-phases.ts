@@ -29,9 +29,6 @@ export type Acquired =
   /** Unfinished and its lease had run out: this request took it over and resumes at `key.recoveryPoint`. */
   | { kind: 'resumed'; key: LeasedKey };
 
-/** Where a new phased key starts. It is never committed at this point: phase 1 ends at another recovery point or an answer. */
-export const STARTED = 'started';
-
 /**
  * The columns a new lease holder learns. `lease_ms_left` is measured on the database's clock at the
  * moment of the claim (clock_timestamp(), not the transaction's start: a claim that waited on a row
@@ -66,7 +63,7 @@ interface PhasedKeyRow {
 
 /**
  * A new phased key carries its lease from the start. It never expires while unfinished
- * ('infinity'): the reaper must not delete a key whose payment may still be charged; it expires
+ * ('infinity'): the reaper must not delete a key whose external call may still be under way; it expires
  * IDEMPOTENCY_TTL_SECONDS after it completes.
  */
 const CLAIM_PHASED_KEY = `
@@ -90,9 +87,14 @@ const TAKE_OVER_LEASE = `
 
 /**
  * What a duplicate of a request still in flight is told to wait, whatever is left of the lease: a
- * payment usually settles in well under a second, and a retry that comes too soon is answered the same way.
+ * phased call usually settles in well under a second, and a retry that comes too soon is answered the same way.
  */
 const IN_FLIGHT_RETRY_AFTER_SECONDS = 2;
+
+/** Rounds of `acquire` before a 409: each needs the key's row to vanish between two of its statements, so a few suffice. */
+const CLAIM_ROUNDS = 3;
+/** `fromExisting`: the row stopped counting (expired and deleted, or taken over first); `acquire` goes round again. */
+const CLAIM_AGAIN = Symbol('claim again');
 
 const toResponse = (row: PhasedKeyRow): StoredResponse => ({
   status: row.response_status!,
@@ -137,58 +139,65 @@ export class AtomicPhases {
   /**
    * Claims, resumes or answers the key. Must run inside a transaction: when it returns `claimed`, the
    * caller's phase 1 writes join that transaction and commit with the claim (or roll it back with
-   * them, leaving the key free).
+   * them, leaving the key free). Each round: a new row, or else the existing one, locked, decides; a row
+   * that stops counting in between (reaped, expired, taken over first) sends it round again.
    */
   async acquire(scope: KeyScope): Promise<Acquired> {
-    const lease = this.options.leaseSeconds;
-    for (let round = 0; round < 3; round++) {
-      const [claimed] = await this.lockTimeoutIsConflict(scope, () =>
-        this.db.query<LeaseRow>(CLAIM_PHASED_KEY, [
-          scope.clientId,
-          scope.key,
-          scope.fingerprint,
-          scope.method,
-          scope.path,
-          lease,
-        ]),
-      );
+    for (let round = 0; round < CLAIM_ROUNDS; round++) {
+      const claimed = await this.claimNew(scope);
       if (claimed) {
         this.note('executed', scope);
         return { kind: 'claimed', key: this.leased(claimed) };
       }
-      // The row exists (and is committed: the INSERT waited for its transaction). Lock it, so that
-      // a take-over below and a settler elsewhere cannot interleave.
-      const [row] = await this.lockTimeoutIsConflict(scope, () =>
-        this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, [scope.clientId, scope.key]),
-      );
-      if (!row) continue; // reaped meanwhile: claim it afresh
-      if (row.fingerprint !== scope.fingerprint) {
-        this.note('mismatch', scope);
-        throw this.problems.keyReused();
-      }
-      if (row.state === 'completed') {
-        if (!row.expired) {
-          this.note('replayed', scope);
-          return { kind: 'completed', response: toResponse(row) };
-        }
-        // An expired key counts as absent. A new row (new id), so whatever the old one settled keeps its link to nothing.
-        await this.db.query(`DELETE FROM idempotency_keys WHERE id = $1`, [row.id]);
-        continue;
-      }
-      // A live holder: answer 409. A key only set aside (no holder) is this request's to resume.
-      if (row.leased && row.lease_token !== null) {
-        this.note('conflict', scope);
-        throw this.leaseHeld(Math.min(IN_FLIGHT_RETRY_AFTER_SECONDS, Math.max(1, Number(row.lease_seconds_left ?? 1))));
-      }
-      const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, lease, true]);
-      if (taken) {
-        this.note('executed', scope);
-        this.logger.log({ outcome: 'resumed', clientId: scope.clientId, idempotencyKey: scope.key, recoveryPoint: taken.recovery_point }, 'idempotency resumed');
-        return { kind: 'resumed', key: this.leased(taken) };
-      }
+      const existing = await this.lockExisting(scope);
+      if (!existing) continue; // reaped meanwhile: claim it afresh
+      const acquired = await this.fromExisting(scope, existing);
+      if (acquired !== CLAIM_AGAIN) return acquired;
     }
     this.note('conflict', scope);
     throw this.leaseHeld(1);
+  }
+
+  /** The key's new row, with a lease, or undefined when a row exists (the INSERT waited for its transaction, so it is committed). */
+  private async claimNew(scope: KeyScope): Promise<LeaseRow | undefined> {
+    const params = [scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path, this.options.leaseSeconds];
+    const [claimed] = await this.lockTimeoutIsConflict(scope, () => this.db.query<LeaseRow>(CLAIM_PHASED_KEY, params));
+    return claimed;
+  }
+
+  /** The existing row, locked, so that a take-over here and a settler elsewhere cannot interleave; undefined once reaped. */
+  private async lockExisting(scope: KeyScope): Promise<PhasedKeyRow | undefined> {
+    const [row] = await this.lockTimeoutIsConflict(scope, () =>
+      this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, [scope.clientId, scope.key]),
+    );
+    return row;
+  }
+
+  /** What an existing key gives this request: its answer, its lease (taken over), a refusal (thrown), or CLAIM_AGAIN. */
+  private async fromExisting(scope: KeyScope, row: PhasedKeyRow): Promise<Acquired | typeof CLAIM_AGAIN> {
+    if (row.fingerprint !== scope.fingerprint) {
+      this.note('mismatch', scope);
+      throw this.problems.keyReused();
+    }
+    if (row.state === 'completed') {
+      if (!row.expired) {
+        this.note('replayed', scope);
+        return { kind: 'completed', response: toResponse(row) };
+      }
+      // An expired key counts as absent. A new row (new id), so whatever the old one settled keeps its link to nothing.
+      await this.db.query(`DELETE FROM idempotency_keys WHERE id = $1`, [row.id]);
+      return CLAIM_AGAIN;
+    }
+    // A live holder: answer 409. A key only set aside (no holder) is this request's to resume.
+    if (row.leased && row.lease_token !== null) {
+      this.note('conflict', scope);
+      throw this.leaseHeld(Math.min(IN_FLIGHT_RETRY_AFTER_SECONDS, Math.max(1, Number(row.lease_seconds_left ?? 1))));
+    }
+    const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [row.id, this.options.leaseSeconds, true]);
+    if (!taken) return CLAIM_AGAIN;
+    this.note('executed', scope);
+    this.logger.log(`idempotency resumed: client ${scope.clientId}, key ${scope.key}, at ${taken.recovery_point}`);
+    return { kind: 'resumed', key: this.leased(taken) };
   }
 
   /**
@@ -208,7 +217,7 @@ export class AtomicPhases {
     return rows.map((r) => this.leased(r));
   }
 
-  /** Takes over one unfinished key whose lease has run out (a stale payment found by another request); undefined when it is still leased or finished. */
+  /** Takes over one unfinished key whose lease has run out (a stale one found by another request); undefined when it is still leased or finished. */
   async takeOverLease(keyId: string): Promise<LeasedKey | undefined> {
     const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.options.leaseSeconds, false]);
     return taken && this.leased(taken);
@@ -243,7 +252,7 @@ export class AtomicPhases {
 
   /**
    * Locks the key row for a settling transaction: the first lock every settler takes (then order,
-   * payment, refund), so settlers never deadlock. With `leaseToken`, answers whether this holder
+   * the operation's own rows), so settlers never deadlock. With `leaseToken`, answers whether this holder
    * still owns the key; without one (a webhook), whether the key is still unfinished.
    */
   async lockForSettling(keyId: string, leaseToken?: string): Promise<{ owned: true } | { owned: false; response: StoredResponse | null }> {

@@ -6,9 +6,9 @@
  *
  * The one canonical form of the service: the Idempotency-Key fingerprint, the stored shipping
  * address and an order's creation digest all go through it. Its bytes are part of stored data
- * (fingerprints of live keys, creation digests of orders): change them and those stop matching.
+ * (fingerprints of live keys): change them and those stop matching.
  *
- * Recursive: callers pass request bodies, whose depth the HTTP layer bounds (MAX_JSON_DEPTH).
+ * Recursive: callers pass request bodies, whose depth the app's body parser must bound.
  */
 export function canonicalJson(value: unknown): string {
   if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'null';

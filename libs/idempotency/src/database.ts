@@ -1,11 +1,11 @@
-import { Inject, Injectable, Logger } from '@nestjs/common';
+import { Inject, Injectable, Logger, type OnModuleDestroy } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Pool, PoolClient, QueryConfig } from 'pg';
-import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type Repository } from 'typeorm';
+import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type QueryRunner, type Repository } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 import { isCachedPlanInvalidated, isDatabaseUnavailable } from './pg-errors.js';
-import { guardEscapingWrites, joinedQueryRunner } from './typeorm-transaction.js';
+import { joinedQueryRunner, joinOpenTransactions, refuseEscapingWrites } from './typeorm-transaction.js';
 
 /**
  * How many distinct statement texts get a name (a server-side prepared statement on each
@@ -18,7 +18,7 @@ const MAX_NAMED_STATEMENTS = 500;
  * Statement text → its name, for the whole process: a name never stands for two texts, whichever
  * pool or connection runs it. A named statement is parsed and planned once per connection, then
  * only bound and executed: the hot path's statements are the same few texts every request, and
- * parsing them again each time costs PostgreSQL CPU on the 2 cores it shares with this process.
+ * parsing them again each time costs PostgreSQL CPU.
  * PostgreSQL re-plans a prepared statement when the schema under it changes, but it refuses one whose
  * result columns changed (0A000): every statement names its columns, and `Database` recovers a 0A000
  * (see `send`) for a schema change a statement still depends on.
@@ -81,7 +81,7 @@ function beginStatement(settings: TransactionSettings): string {
   ].join('; ');
 }
 
-/** Every pooled connection stayed busy for DATABASE_POOL_WAIT_MS: the service is overloaded, retry shortly. */
+/** Every pooled connection stayed busy for the pool's `connectionTimeoutMillis`: the app is overloaded, retry shortly. */
 export class PoolExhaustedError extends Error {
   constructor(options?: ErrorOptions) {
     super('No database connection became free in time', options);
@@ -95,30 +95,37 @@ interface Deferred {
   params: unknown[];
 }
 
+/**
+ * Where a transaction stands on its connection. 'not begun': BEGIN is not sent yet — a transaction that makes no query
+ * costs no round trip at all — or the last one ended (COMMIT, or ROLLBACK after a 0A000). 'begun': BEGIN went out
+ * (in the first batch, `takeDeferred`) and neither COMMIT nor ROLLBACK has since.
+ */
+type TransactionState = 'not begun' | 'begun';
+
 /** The transaction `transaction(fn)` opened, as every query made while `fn` runs finds it. */
 interface OpenTransaction {
   client: PoolClient;
-  /** False until BEGIN has been sent: a transaction that makes no query costs no round trip at all. */
-  begun: boolean;
+  state: TransactionState;
   /** Batches sent so far: only the first, alone on the wire, can simply be sent again (see `send`). */
   sent: number;
   /** Sent, in order, in the same write as the next statement (or the COMMIT). */
   deferred: Deferred[];
-  /** TypeORM's view of this transaction, made on first use of `manager` (see typeorm-transaction.ts). */
-  manager?: EntityManager;
+  /** TypeORM's view of this transaction, made on its first use (see typeorm-transaction.ts). */
+  runner?: QueryRunner;
   /** Ends TypeORM's view when the transaction ends: a manager kept past it fails loudly instead of writing outside it. */
-  closeManager?: () => void;
+  closeRunner?: () => void;
 }
 
 const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
 
 /**
  * The current transaction. `transaction(fn)` opens one and every `query`, and every repository of
- * `manager`, used while `fn` runs — in this service or any other — joins it, so an interceptor can
+ * `manager`, used while `fn` runs — in any service of the app — joins it, so an interceptor can
  * claim an idempotency key, let the handler write, and record the response in ONE commit. A `query`
- * outside one is a transaction of its own (BEGIN, the statement and COMMIT in one write). A write
- * through TypeORM's other connections while one is open (an injected repository, the DataSource's
- * manager) would commit on its own, outside it: it is refused (see typeorm-transaction.ts).
+ * outside one is a transaction of its own (BEGIN, the statement and COMMIT in one write). The DataSource's own
+ * repositories (`@InjectRepository`), manager, `query()` and `transaction()` join it too; a write on any other
+ * connection while one is open (a second DataSource, a raw `pg` pool) would commit on its own, outside it: it is
+ * refused (see typeorm-transaction.ts).
  *
  * Round trips are the cost that matters on a small machine (each is a write to the socket and a
  * wake-up of a PostgreSQL backend), so a transaction sends what it can together, over a pipelined
@@ -143,16 +150,17 @@ const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
  * its own, and a client whose connection broke is released with the error, so the pool drops it.
  */
 @Injectable()
-export class Database {
+export class Database implements OnModuleDestroy {
   private readonly logger = new Logger('Database');
   private readonly current = new AsyncLocalStorage<OpenTransaction>();
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
   private readonly guarded = new WeakSet<PoolClient>();
   private readonly onClientError = (err: Error) =>
-    this.logger.warn({ err }, 'a database connection in use failed; it is dropped when released');
+    this.logger.warn(`a database connection in use failed; it is dropped when released: ${err.message}`);
   private readonly settings: TransactionSettings;
   private readonly begin: Deferred;
   private readonly statement: (text: string, values: unknown[]) => string | QueryConfig;
+  private readonly stopRefusing: () => void;
 
   constructor(
     private readonly dataSource: DataSource,
@@ -161,7 +169,11 @@ export class Database {
     this.settings = transactionSettings(options);
     this.begin = { sql: beginStatement(this.settings), params: [] };
     this.statement = this.settings.preparedStatements ? namedStatement : unnamedStatement;
-    guardEscapingWrites(dataSource, () => this.current.getStore() !== undefined, options.escapingWrites);
+    joinOpenTransactions(dataSource, () => {
+      const open = this.current.getStore();
+      return open && this.runnerOf(open);
+    });
+    this.stopRefusing = refuseEscapingWrites({ openClient: () => this.current.getStore()?.client, escapingWrites: options.escapingWrites });
     // Without it pg holds each statement of a batch back until the one before has answered: still correct, one round trip each.
     if ((dataSource.options as { extra?: { pipeline?: unknown } }).extra?.pipeline !== true) {
       this.logger.warn("TypeORM's `extra: { pipeline: true }` is not set: each statement of a transaction waits for the one before it");
@@ -175,13 +187,21 @@ export class Database {
    */
   get manager(): EntityManager {
     const open = this.current.getStore();
-    if (!open) return this.dataSource.manager;
-    if (!open.manager) {
+    return open ? this.runnerOf(open).manager : this.dataSource.manager;
+  }
+
+  onModuleDestroy(): void {
+    this.stopRefusing();
+  }
+
+  /** The transaction's TypeORM runner, on its connection: one per transaction, so nested `transaction()`s count their savepoints. */
+  private runnerOf(open: OpenTransaction): QueryRunner {
+    if (!open.runner) {
       const { runner, close } = joinedQueryRunner(this.dataSource, open.client, () => this.flush(open));
-      open.manager = runner.manager;
-      open.closeManager = close;
+      open.runner = runner;
+      open.closeRunner = close;
     }
-    return open.manager;
+    return open.runner;
   }
 
   /** `manager.getRepository(target)`: the entity's repository in the current transaction. */
@@ -194,7 +214,7 @@ export class Database {
    * `query`, in order: TypeORM's statements share the connection, so a SAVEPOINT queued before them must reach it first.
    */
   private flush(open: OpenTransaction): Promise<unknown> | undefined {
-    if (open.begun && open.deferred.length === 0) return undefined;
+    if (open.state === 'begun' && open.deferred.length === 0) return undefined;
     return this.send(open, this.takeDeferred(open));
   }
 
@@ -213,11 +233,14 @@ export class Database {
     const batch = statements.map(({ sql, params }) => ({ sql, params: params ?? [] }));
     const open = this.current.getStore();
     if (open) return (await this.send(open, [...this.takeDeferred(open), ...batch])).slice(-batch.length);
-    return this.inTransaction(async (alone) => {
-      const results = await this.send(alone, [...this.takeDeferred(alone), ...batch, COMMIT]);
-      alone.begun = false;
-      return results.slice(-batch.length - 1, -1);
-    });
+    return this.inTransaction((alone) => this.sendAndCommit(alone, batch));
+  }
+
+  /** The batch with everything queued before it and a COMMIT after it, in one write; the batch's rows. */
+  private async sendAndCommit(open: OpenTransaction, batch: Deferred[]): Promise<unknown[][]> {
+    const results = await this.send(open, [...this.takeDeferred(open), ...batch, COMMIT]);
+    open.state = 'not begun';
+    return results.slice(-batch.length - 1, -1);
   }
 
   /**
@@ -253,10 +276,11 @@ export class Database {
     return open;
   }
 
+  /** What is queued, to go out ahead of the next statement: BEGIN first, when the transaction has not begun. */
   private takeDeferred(open: OpenTransaction): Deferred[] {
-    const taken: Deferred[] = open.begun ? [] : [this.begin];
-    open.begun = true;
-    return taken.concat(open.deferred.splice(0));
+    const begin: Deferred[] = open.state === 'not begun' ? [this.begin] : [];
+    open.state = 'begun';
+    return [...begin, ...open.deferred.splice(0)];
   }
 
   /**
@@ -272,23 +296,26 @@ export class Database {
    * error voided; the error propagates (503, retryable) instead.
    */
   private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
-    const ordinal = open.sent++;
+    const isFirstBatch = open.sent++ === 0;
     try {
       return await this.write(open.client, statements);
     } catch (err) {
       if (!isCachedPlanInvalidated(err)) throw err;
       this.logger.warn(`a schema change invalidated prepared statements (${(err as Error).message}); this connection discards them`);
-      await this.discardStatements(open);
-      if (ordinal !== 0 || open.sent !== 1) throw err;
-      open.begun = true;
+      await this.rollBackAndDiscardStatements(open);
+      // Alone on the wire: no batch went out behind it while it failed.
+      const nothingDependsOnIt = isFirstBatch && open.sent === 1;
+      if (!nothingDependsOnIt) throw err;
+      // The same batch again, its BEGIN included: the transaction begins anew.
+      open.state = 'begun';
       return await this.write(open.client, statements);
     }
   }
 
   /** Ends the aborted transaction and drops the connection's prepared statements, in one write. */
-  private async discardStatements(open: OpenTransaction): Promise<void> {
+  private async rollBackAndDiscardStatements(open: OpenTransaction): Promise<void> {
     await this.write(open.client, [{ sql: 'ROLLBACK', params: [] }, { sql: DISCARD_STATEMENTS, params: [] }]);
-    open.begun = false;
+    open.state = 'not begun';
     // pg's own record of what it prepared on this connection (not public API): without it, pg would
     // bind the names it believes exist. Should it be missing, the connection is not reused.
     const connection = (open.client as unknown as { connection?: { parsedStatements?: Record<string, string> } }).connection;
@@ -318,7 +345,7 @@ export class Database {
   }
 
   /**
-   * A pooled connection, or PoolExhaustedError once DATABASE_POOL_WAIT_MS has passed without one.
+   * A pooled connection, or PoolExhaustedError once the pool's `connectionTimeoutMillis` has passed without one.
    * With the server down, this fails at once (ECONNREFUSED): no retry here, the client is told 503.
    */
   private async connect(): Promise<PoolClient> {
@@ -339,8 +366,8 @@ export class Database {
 
   /**
    * Runs `fn` as if no transaction were open: its statements and transactions use connections of their own.
-   * For work that must commit on its own before the caller's transaction goes on (settling a stale payment
-   * before a cancel locks the order): done inside, it would wait on the caller's own locks.
+   * For work that must commit on its own before the caller's transaction goes on (settling a stale operation
+   * before the caller locks the rows it needs): done inside, it would wait on the caller's own locks.
    */
   outsideTransaction<T>(fn: () => Promise<T>): Promise<T> {
     return this.current.exit(fn);
@@ -350,12 +377,9 @@ export class Database {
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
     if (this.current.getStore()) return fn();
     return this.inTransaction(async (open) => {
-      const result = await this.current.run(open, fn).finally(() => open.closeManager?.());
+      const result = await this.current.run(open, fn).finally(() => open.closeRunner?.());
       // Nothing sent and nothing queued: there is no transaction to end.
-      if (open.begun || open.deferred.length > 0) {
-        await this.send(open, [...this.takeDeferred(open), COMMIT]);
-        open.begun = false;
-      }
+      if (open.state === 'begun' || open.deferred.length > 0) await this.sendAndCommit(open, []);
       return result;
     });
   }
@@ -363,7 +387,7 @@ export class Database {
   /** A connection for `fn`'s transaction; rolled back when `fn` throws with the transaction still open, then released. */
   private async inTransaction<T>(fn: (open: OpenTransaction) => Promise<T>): Promise<T> {
     const client = await this.connect();
-    const open: OpenTransaction = { client, begun: false, sent: 0, deferred: [] };
+    const open: OpenTransaction = { client, state: 'not begun', sent: 0, deferred: [] };
     let broken: Error | undefined;
     try {
       return await fn(open);
@@ -371,7 +395,7 @@ export class Database {
       if (isDatabaseUnavailable(err)) broken = err as Error;
       // A connection that cannot even roll back is dropped, not handed to the next request.
       // (After a failed COMMIT the transaction is over already: the server says so, nothing is sent.)
-      else if (open.begun && client.getTransactionStatus() !== 'I') {
+      else if (open.state === 'begun' && client.getTransactionStatus() !== 'I') {
         await client.query('ROLLBACK').catch((rollbackError: unknown) => {
           broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
         });

@@ -2,6 +2,8 @@ import { parseItem } from 'structured-headers';
 import { ProblemDetailsException } from './problem-details.js';
 
 export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
+/** Sent (`true`) with every answer that is a stored one replayed, never with the first. */
+export const IDEMPOTENT_REPLAYED_HEADER = 'Idempotent-Replayed';
 const MAX_KEY_LENGTH = 255;
 
 /** 1–255 visible ASCII characters (no space), in either form. */

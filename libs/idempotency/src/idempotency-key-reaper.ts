@@ -35,14 +35,14 @@ export class IdempotencyKeyReaper implements OnApplicationBootstrap, OnApplicati
     try {
       await this.reapExpiredKeys();
     } catch (err) {
-      this.logger.error({ err }, 'reaping expired idempotency keys failed; will retry next tick');
+      this.logger.error(`reaping expired idempotency keys failed; will retry next tick: ${String(err)}`, err instanceof Error ? err.stack : undefined);
     }
   }
 
   /** Deletes expired keys batch by batch; returns how many. */
   async reapExpiredKeys(): Promise<number> {
     const total = await deleteInBatches((size) => this.keys.reapExpiredKeys(size));
-    if (total) this.logger.log({ deleted: total }, 'reaped expired idempotency keys');
+    if (total) this.logger.log(`reaped ${total} expired idempotency keys`);
     return total;
   }
 }

@@ -6,7 +6,7 @@ export type IdempotencyKeyState = 'in_progress' | 'completed';
  * One row per (client, Idempotency-Key): the response to replay. For handlers that write only to
  * PostgreSQL the key's lock is taken, the handler writes, and the row is written once, completed,
  * in one transaction, so no one ever sees it unfinished.
- * `recovery_point` and `locked_until` serve handlers with external side effects (payments), which
+ * `recovery_point` and `locked_until` serve handlers with external side effects (AtomicPhases), which
  * commit between phases and resume from the last recovery point under a lease.
  */
 @Entity('idempotency_keys')

@@ -92,7 +92,7 @@ const INSERT_COMPLETED_KEY = `
 /**
  * An expired, COMPLETED key counts as absent: the first request to see it takes it over. The row
  * lock makes that a race with one winner; a loser's UPDATE waits, re-checks the WHERE, matches
- * nothing. An unfinished key is never taken over, however old: only a phased handler (payments)
+ * nothing. An unfinished key is never taken over, however old: only a phased handler (AtomicPhases)
  * commits one, and it belongs to that handler's recovery under its lease, not to the TTL.
  */
 const TAKE_OVER_EXPIRED_KEY = `

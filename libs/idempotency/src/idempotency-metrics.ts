@@ -1,40 +1,83 @@
 import { Logger } from '@nestjs/common';
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 
 export type IdempotencyOutcome = 'executed' | 'replayed' | 'waited' | 'conflict' | 'mismatch' | 'missing';
 
-/** What the Idempotency-Key layer reports: each outcome logged with client and key and counted (docs/contract.md#idempotency-key), and the waits. */
+/** A prom-client `Registry`, as far as the layer needs to know: prom-client is loaded only when one is given. */
+export interface PrometheusRegistry {
+  getSingleMetric(name: string): unknown;
+}
+
+/** The instruments the layer updates: prom-client's Counter, Histogram and Gauge, or nothing at all without a registry. */
+interface Instruments {
+  requests: { inc(labels: { outcome: IdempotencyOutcome }): void };
+  wait: { observe(seconds: number): void };
+  waiting: { inc(): void; dec(): void };
+}
+
+interface MetricConfig {
+  name: string;
+  help: string;
+  labelNames?: string[];
+  buckets?: number[];
+  registers: PrometheusRegistry[];
+}
+
+/** prom-client's constructors, typed here: the package is optional, so an app without it compiles without its types. */
+interface PromClient {
+  Counter: new (config: MetricConfig) => Instruments['requests'];
+  Histogram: new (config: MetricConfig) => Instruments['wait'];
+  Gauge: new (config: MetricConfig) => Instruments['waiting'];
+}
+
+/** A name in a variable: TypeScript does not resolve it, so the import compiles where prom-client is not installed. */
+const PROM_CLIENT = 'prom-client';
+
+const NO_INSTRUMENTS: Instruments = { requests: { inc: () => undefined }, wait: { observe: () => undefined }, waiting: { inc: () => undefined, dec: () => undefined } };
+
+/** What the Idempotency-Key layer reports: each outcome logged with client and key and counted, and the waits. */
 export class IdempotencyMetrics {
   private readonly logger = new Logger('Idempotency');
-  readonly requests: Counter<'outcome'>;
-  readonly wait: Histogram;
-  readonly waiting: Gauge;
 
-  /** Without a registry the metrics are kept but exported nowhere (IdempotencyModuleOptions.metrics: false). */
-  constructor(registry: Registry | false) {
-    const registers = registry ? [registry] : [];
-    this.requests = new Counter({
-      name: 'idempotency_requests_total',
-      help: 'Requests on idempotent endpoints by outcome: executed, replayed, waited (for the request in flight, then replayed), conflict (409, still in flight), mismatch (422), missing (400)',
-      labelNames: ['outcome'],
-      registers,
+  private constructor(private readonly instruments: Instruments) {}
+
+  /** With a registry, prom-client's metrics registered in it (prom-client imported now, not before); without, none. */
+  static async create(registry: PrometheusRegistry | false): Promise<IdempotencyMetrics> {
+    if (!registry) return new IdempotencyMetrics(NO_INSTRUMENTS);
+    const { Counter, Gauge, Histogram } = (await import(PROM_CLIENT)) as PromClient;
+    const registers = [registry];
+    return new IdempotencyMetrics({
+      requests: new Counter({
+        name: 'idempotency_requests_total',
+        help: 'Requests on idempotent endpoints by outcome: executed, replayed, waited (for the request in flight, then replayed), conflict (409, still in flight), mismatch (422), missing (400)',
+        labelNames: ['outcome'],
+        registers,
+      }),
+      wait: new Histogram({
+        name: 'idempotency_wait_seconds',
+        help: 'Time a duplicate spent waiting for the request in flight with the same key',
+        buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+        registers,
+      }),
+      waiting: new Gauge({
+        name: 'idempotency_waiting_requests',
+        help: 'Duplicates waiting in this process, in memory, for an earlier request with the same key to finish',
+        registers,
+      }),
     });
-    this.wait = new Histogram({
-      name: 'idempotency_wait_seconds',
-      help: 'Time a duplicate spent waiting for the request in flight with the same key',
-      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
-      registers,
-    });
-    this.waiting = new Gauge({
-      name: 'idempotency_waiting_requests',
-      help: 'Duplicates waiting in this process, in memory, for an earlier request with the same key to finish',
-      registers,
-    });
+  }
+
+  get wait(): Instruments['wait'] {
+    return this.instruments.wait;
+  }
+
+  get waiting(): Instruments['waiting'] {
+    return this.instruments.waiting;
   }
 
   /** The one way an outcome is reported, by the interceptor and by any guard that answers for it. */
   note(outcome: IdempotencyOutcome, clientId: string | undefined, key: string | undefined): void {
-    this.requests.inc({ outcome });
-    this.logger.log({ outcome, clientId, idempotencyKey: key }, `idempotency ${outcome}`);
+    this.instruments.requests.inc({ outcome });
+    // A plain message: Nest's default logger prints it on one line, and a structured logger still gets it whole.
+    this.logger.log(`idempotency ${outcome}: client ${clientId ?? '-'}, key ${key ?? '-'}`);
   }
 }

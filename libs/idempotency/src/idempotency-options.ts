@@ -1,6 +1,6 @@
 import { ConfigurableModuleBuilder, type HttpException } from '@nestjs/common';
-import type { Registry } from 'prom-client';
 import { defaultProblemType } from './idempotency-key-header.js';
+import type { PrometheusRegistry } from './idempotency-metrics.js';
 import { type Problem, problemOf } from './problem-details.js';
 
 /** What a request looks like to the layer, on Express or Fastify alike. */
@@ -9,9 +9,14 @@ export interface IdempotentRequest {
   originalUrl: string;
   headers: Record<string, string | string[] | undefined>;
   body?: unknown;
+  /** What an authentication guard (Passport, your own) put on the request: `callerScope: (req) => req.user?.id`. */
+  user?: { id?: string; [claim: string]: unknown };
 }
 
-/** What happens to a write sent on another connection while a transaction of the layer is open (see docs/use-it-in-your-app.md). */
+/**
+ * What a write gets that cannot join the open transaction (a second DataSource, a raw `pg` pool): refused, or — an explicit
+ * opt-in — logged at error and let through, committing on its own.
+ */
 export type EscapingWrites = 'refuse' | 'log';
 
 export interface IdempotencyModuleOptions {
@@ -33,13 +38,13 @@ export interface IdempotencyModuleOptions {
   replayCacheEntries?: number;
   /** Response headers stored with an answer and sent again on replay (lower-case). Never Set-Cookie. */
   replayedHeaders?: readonly string[];
-  /** A Prometheus registry for the layer's metrics, or false for none. Default none. */
-  metrics?: Registry | false;
+  /** A prom-client `Registry` for the layer's metrics (prom-client is loaded only then), or false for none. Default none. */
+  metrics?: PrometheusRegistry | false;
   /** Delete expired keys once a minute (off when several apps share one table and another reaps). Default true. */
   reaper?: boolean;
   /** Named (server-side prepared) statements: set false behind a transaction pooler that cannot keep them. Default true. */
   preparedStatements?: boolean;
-  /** Default 'refuse', or 'log' when NODE_ENV is production: a refused write is better than a silent double effect, but not in production. */
+  /** Default 'refuse', in every environment: a refused write is a 500 the retry can fix, a write let through a silent double effect. */
   escapingWrites?: EscapingWrites;
   /** The `type` of the layer's own problems, by their slug (`idempotency-key-missing`, …). Default `urn:idempotency:problem:<slug>`. */
   problemType?: (slug: string) => string;
@@ -53,7 +58,7 @@ export interface IdempotencyModuleOptions {
 
 /** The options with every default filled in: what the layer's services read. */
 export interface ResolvedIdempotencyOptions extends Required<Omit<IdempotencyModuleOptions, 'metrics'>> {
-  metrics: Registry | false;
+  metrics: PrometheusRegistry | false;
 }
 
 export const DEFAULT_REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'retry-after'] as const;
@@ -71,7 +76,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     metrics: options.metrics ?? false,
     reaper: options.reaper ?? true,
     preparedStatements: options.preparedStatements ?? true,
-    escapingWrites: options.escapingWrites ?? (process.env.NODE_ENV === 'production' ? 'log' : 'refuse'),
+    escapingWrites: options.escapingWrites ?? 'refuse',
     problemType: options.problemType ?? defaultProblemType,
     renderError: options.renderError ?? problemOf,
   };
@@ -80,11 +85,15 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
 export const {
   ConfigurableModuleClass: ConfigurableIdempotencyModule,
   MODULE_OPTIONS_TOKEN: IDEMPOTENCY_MODULE_OPTIONS,
+  ASYNC_OPTIONS_TYPE,
 } = new ConfigurableModuleBuilder<IdempotencyModuleOptions>()
   .setClassMethodName('forRoot')
   // Global by default, as TypeOrmModule.forRoot is: every module with an @Idempotent() route needs the layer's providers, and there is one layer per app.
   .setExtras({ isGlobal: true }, (definition, extras) => ({ ...definition, global: extras.isGlobal }))
   .build();
+
+/** `IdempotencyModule.forRootAsync`'s argument: `useFactory` (with `inject`), `useClass` or `useExisting`, and `isGlobal`. */
+export type IdempotencyModuleAsyncOptions = typeof ASYNC_OPTIONS_TYPE;
 
 /** The resolved options, as every service of the layer injects them. */
 export const IDEMPOTENCY_OPTIONS = Symbol('IDEMPOTENCY_OPTIONS');

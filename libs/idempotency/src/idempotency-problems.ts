@@ -6,7 +6,7 @@ import { ProblemDetailsException } from './problem-details.js';
 import { fingerprintRequest, normalisePath } from './request-fingerprint.js';
 
 /**
- * The problems of the Idempotency-Key contract (docs/contract.md#idempotency-key), one shape for the
+ * The problems of the Idempotency-Key contract, one shape for the
  * interceptor and the atomic phases; their `type` is the app's (IdempotencyModuleOptions.problemType).
  */
 @Injectable()

@@ -69,7 +69,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const res = context.switchToHttp().getResponse<IdempotentReply>();
     const raw = req.headers['idempotency-key'];
     if (raw === undefined) {
-      if (!options.required) return next.handle();
+      if (options.required === false) return next.handle();
       this.metrics.note('missing', this.options.callerScope(req), undefined);
       throw this.problems.keyMissing();
     }
@@ -88,7 +88,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   /**
    * Takes a place in line, waits for the requests ahead, then answers. One deadline covers the whole
-   * wait, IDEMPOTENCY_WAIT_MS from arrival: the time in line here, then what is left of it as the
+   * wait, `waitMs` from arrival: the time in line here, then what is left of it as the
    * claim's lock_timeout (for a request in flight on another instance).
    */
   private async respond(scope: KeyScope, next: CallHandler, res: IdempotentReply): Promise<unknown> {
@@ -143,11 +143,19 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return writeStoredResponse(res, response, replayed);
   }
 
+  /** In the transaction: claim the key; an existing one is answered from its record, a new one runs the handler. */
   private async execute(scope: KeyScope, next: CallHandler, res: IdempotentReply, lockWaitMs: number | undefined): Promise<Execution> {
     const waitStarted = performance.now();
-    let claim: Claim;
     // Before the claim is sent: the key's remaining life it reads is counted down from here.
     const claimSentAt = readClocks();
+    const claim = await this.claim(scope, lockWaitMs, waitStarted);
+    if (claim.kind === 'existing') return this.answerExisting(scope, claim, lockWaitMs, waitStarted, claimSentAt);
+    return this.runHandler(scope, claim, next, res);
+  }
+
+  /** The key's claim: new or existing; a request still in flight with it past the wait is a 409 (thrown). */
+  private async claim(scope: KeyScope, lockWaitMs: number | undefined, waitStarted: number): Promise<Exclude<Claim, { kind: 'contended' }>> {
+    let claim: Claim;
     try {
       claim = await this.keys.claimKey(scope, lockWaitMs);
     } catch (err) {
@@ -155,49 +163,69 @@ export class IdempotencyInterceptor implements NestInterceptor {
       throw err;
     }
     if (claim.kind === 'contended') throw this.outstanding(scope, performance.now() - waitStarted);
-    if (claim.kind === 'existing') {
-      const waited = claim.waited || lockWaitMs !== undefined;
-      if (claim.waited) this.metrics.wait.observe((performance.now() - waitStarted) / 1000);
-      const { record } = claim;
-      // Committed and completed, so it stays as it is until it expires. Replayed once, likely
-      // replayed again (a retry storm): its next replays are answered from memory.
-      if (record.response && !record.expired) {
-        this.replays.remember(scope.clientId, scope.key, { fingerprint: record.fingerprint, response: record.response }, record.expiresInMs ?? 0, claimSentAt);
-      }
-      return this.replay(scope, record, waited);
-    }
+    return claim;
+  }
 
+  private answerExisting(
+    scope: KeyScope,
+    claim: Extract<Claim, { kind: 'existing' }>,
+    lockWaitMs: number | undefined,
+    waitStarted: number,
+    claimSentAt: ReturnType<typeof readClocks>,
+  ): Execution {
+    if (claim.waited) this.metrics.wait.observe((performance.now() - waitStarted) / 1000);
+    const { record } = claim;
+    // Committed and completed, so it stays as it is until it expires. Replayed once, likely
+    // replayed again (a retry storm): its next replays are answered from memory.
+    if (record.response && !record.expired) {
+      this.replays.remember(scope.clientId, scope.key, { fingerprint: record.fingerprint, response: record.response }, record.expiresInMs ?? 0, claimSentAt);
+    }
+    return this.replay(scope, record, claim.waited || lockWaitMs !== undefined);
+  }
+
+  /** Runs the handler after a savepoint, and records its answer: a success, or a business refusal without its writes. */
+  private async runHandler(scope: KeyScope, claim: Extract<Claim, { kind: 'claimed' }>, next: CallHandler, res: IdempotentReply): Promise<Execution> {
     // Everything the handler writes can be undone alone, so a business error is stored without them.
     this.db.savepoint(SAVEPOINT);
+    let response: StoredResponse;
     try {
       const value: unknown = await lastValueFrom(next.handle(), { defaultValue: undefined });
-      const body = value === undefined ? '' : JSON.stringify(value);
-      if (body) res.header('Content-Type', JSON_CONTENT_TYPE);
-      const response: StoredResponse = { status: res.statusCode, headers: pickHeaders(res.getHeaders(), this.options.replayedHeaders), body };
-      this.keys.recordResponse(claim, scope, response);
-      return { response, replayed: false, outcome: 'executed' };
+      response = this.successOf(value, res);
     } catch (err) {
-      // Validation errors, auth, 5xx, and temporary refusals (they carry Retry-After: ask again later,
-      // e.g. a cancel while a payment is pending): thrown on, the transaction rolls back, the key is free again.
-      if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus())) throw err;
-      const { problem, headers } = this.options.renderError(err);
-      if (isTemporary(headers)) throw err;
+      response = this.storedRefusalOf(err);
       this.db.rollbackToSavepoint(SAVEPOINT);
-      // Sent by the layer itself, not by the app's exception filter: the first answer is the stored bytes, like every replay.
-      const response: StoredResponse = {
-        status: problem.status,
-        headers: { ...pickHeaders(headers, this.options.replayedHeaders), 'content-type': `${PROBLEM_CONTENT_TYPE}; charset=utf-8` },
-        body: JSON.stringify(problem),
-      };
-      this.keys.recordResponse(claim, scope, response);
-      return { response, replayed: false, outcome: 'executed' };
     }
+    this.keys.recordResponse(claim, scope, response);
+    return { response, replayed: false, outcome: 'executed' };
+  }
+
+  /** The handler's value as the answer to store: its status, the headers kept for replays, the JSON body. */
+  private successOf(value: unknown, res: IdempotentReply): StoredResponse {
+    const body = value === undefined ? '' : JSON.stringify(value);
+    if (body) res.header('Content-Type', JSON_CONTENT_TYPE);
+    return { status: res.statusCode, headers: pickHeaders(res.getHeaders(), this.options.replayedHeaders), body };
+  }
+
+  /**
+   * A business refusal as the answer to store. Anything else is thrown on — validation errors, auth, 5xx, and temporary
+   * refusals (they carry Retry-After: ask again later) — so the transaction rolls back and the key is free again.
+   */
+  private storedRefusalOf(err: unknown): StoredResponse {
+    if (!(err instanceof HttpException) || !STORED_CLIENT_ERRORS.has(err.getStatus())) throw err;
+    const { problem, headers } = this.options.renderError(err);
+    if (isTemporary(headers)) throw err;
+    // Sent by the layer itself, not by the app's exception filter: the first answer is the stored bytes, like every replay.
+    return {
+      status: problem.status,
+      headers: { ...pickHeaders(headers, this.options.replayedHeaders), 'content-type': `${PROBLEM_CONTENT_TYPE}; charset=utf-8` },
+      body: JSON.stringify(problem),
+    };
   }
 
   private replay(scope: KeyScope, record: KeyRecord, waited: boolean): Execution {
     // An expired key is bound to no request any more; it is only still here because it is unfinished.
     if (!record.expired) this.refuseAnotherRequest(scope, record.fingerprint);
-    // Committed but unfinished: a phased handler (payments) is mid-way under its lease.
+    // Committed but unfinished: a phased handler (AtomicPhases) is mid-way under its lease.
     if (!record.response) throw this.outstanding(scope, 0);
     return { response: record.response, replayed: true, outcome: waited ? 'waited' : 'replayed' };
   }

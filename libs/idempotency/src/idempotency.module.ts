@@ -29,7 +29,7 @@ const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
 @Module({
   providers: [
     { provide: IDEMPOTENCY_OPTIONS, useFactory: (options: IdempotencyModuleOptions) => resolveOptions(options), inject: [IDEMPOTENCY_MODULE_OPTIONS] },
-    { provide: IdempotencyMetrics, useFactory: (options: ResolvedIdempotencyOptions) => new IdempotencyMetrics(options.metrics), inject: [IDEMPOTENCY_OPTIONS] },
+    { provide: IdempotencyMetrics, useFactory: (options: ResolvedIdempotencyOptions) => IdempotencyMetrics.create(options.metrics), inject: [IDEMPOTENCY_OPTIONS] },
     {
       provide: ReplayCache,
       useFactory: (options: ResolvedIdempotencyOptions) => new ReplayCache(options.replayCacheEntries, REPLAY_CACHE_MAX_BYTES),

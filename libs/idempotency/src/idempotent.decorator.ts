@@ -10,6 +10,6 @@ export { IDEMPOTENT, type IdempotentOptions } from './idempotent-route.js';
  * that response again (`Idempotent-Replayed: true`), never a second execution. The handler writes
  * through `Database` (`manager`, `getRepository`, `query`) to be part of that transaction.
  */
-export function Idempotent(options: IdempotentOptions = { required: true }) {
-  return applyDecorators(SetMetadata(IDEMPOTENT, options), UseInterceptors(IdempotencyInterceptor));
+export function Idempotent(options: IdempotentOptions = {}) {
+  return applyDecorators(SetMetadata(IDEMPOTENT, { ...options, required: options.required ?? true }), UseInterceptors(IdempotencyInterceptor));
 }

@@ -1,30 +1,46 @@
 // The Idempotency-Key layer's public entry: import from here only (a lint rule refuses deeper imports).
+
+// Wiring: once, beside TypeOrmModule.forRoot.
+/** The layer's module: `IdempotencyModule.forRoot({ callerScope })` or `forRootAsync({ inject, useFactory })`. */
 export { IdempotencyModule } from './idempotency.module.js';
+/** `forRoot`'s options (`callerScope`, the TTL, the wait, …), `forRootAsync`'s, and what `callerScope` is given. */
 export {
   type EscapingWrites,
-  IDEMPOTENCY_OPTIONS,
+  type IdempotencyModuleAsyncOptions,
   type IdempotencyModuleOptions,
   type IdempotentRequest,
-  type ResolvedIdempotencyOptions,
-  resolveOptions as resolveIdempotencyOptions,
 } from './idempotency-options.js';
-export { Idempotent, type IdempotentOptions } from './idempotent.decorator.js';
-export { IdempotencyInterceptor } from './idempotency.interceptor.js';
-export { Database, PoolExhaustedError, type TransactionSettings, transactionSettings } from './database.js';
-export { EscapingWriteError } from './typeorm-transaction.js';
-export { AtomicPhases, type Acquired, type LeasedKey, STARTED } from './atomic-phases.js';
-export { IdempotencyKeysService, type Claim, type KeyRecord, type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
-export { IdempotencyKeyReaper } from './idempotency-key-reaper.js';
-export { IdempotencyMetrics, type IdempotencyOutcome } from './idempotency-metrics.js';
-export { IdempotencyProblems, keyScopeOf } from './idempotency-problems.js';
-export { IDEMPOTENCY_KEY_HEADER, parseIdempotencyKey } from './idempotency-key-header.js';
-export { fingerprintRequest, normalisePath } from './request-fingerprint.js';
-export { type IdempotentReply, jsonResponse, problemResponse, writeStoredResponse } from './stored-response.js';
-export { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemDetailsException, problemOf } from './problem-details.js';
+/** The key table's entity: list it in TypeORM's `entities`. */
+export { IdempotencyKey } from './idempotency-key.entity.js';
+/** Writes every error as application/problem+json, the layer's own and the app's: `{ provide: APP_FILTER, useClass: ProblemDetailsFilter }`. */
 export { ProblemDetailsFilter } from './problem-details.filter.js';
-export { IdempotencyKey, type IdempotencyKeyState } from './idempotency-key.entity.js';
-export { createIdempotencyKeysTable, dropIdempotencyKeysTable } from './idempotency-keys-table.js';
-export * from './pg-errors.js';
-export { canonicalJson } from './canonical-json.js';
-export { deleteInBatches } from './delete-in-batches.js';
+
+// The handler: a route made safe to retry.
+/** Marks a route: claim the key, run the handler in the claim's transaction, store and replay its answer. */
+export { Idempotent, type IdempotentOptions } from './idempotent.decorator.js';
+/** The request header that carries the key, and the response header that marks a replay (`Idempotent-Replayed: true`). */
+export { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER } from './idempotency-key-header.js';
+/** SQL and TypeORM in the open transaction; `transaction(fn)` outside a handler. */
+export { Database } from './database.js';
+
+// Phased external calls: a call to another service that cannot be rolled back (docs/patterns/phased-external-calls.md).
+/** Claim with a lease, recovery points, settling fenced by the lease token, take-over of expired leases. */
+export { type Acquired, AtomicPhases, type LeasedKey } from './atomic-phases.js';
+/** Who owns a key (caller, key, fingerprint), and an answer as stored and replayed. */
+export { type KeyScope, type StoredResponse } from './idempotency-keys.service.js';
+/** Builds a stored answer, and writes one to the response (Express or Fastify). */
+export { type IdempotentReply, jsonResponse, problemResponse, writeStoredResponse } from './stored-response.js';
+/** The monotonic clock a `LeasedKey.deadline` is measured on. */
 export { monotonicNow } from './monotonic-clock.js';
+
+// The migration: the layer's table, in one of your migrations.
+/** `up` and `down` of a migration that creates (drops) the `idempotency_keys` table. */
+export { createIdempotencyKeysTable, dropIdempotencyKeysTable } from './idempotency-keys-table.js';
+
+// Errors.
+/** An error that is already an RFC 9457 problem (the layer's 400/401/409/422 are), and how any HttpException becomes one. */
+export { type Problem, ProblemDetailsException, problemOf } from './problem-details.js';
+/** A write on a connection that cannot join the open transaction (another DataSource, a raw pg pool): refused. */
+export { EscapingWriteError } from './typeorm-transaction.js';
+/** No pooled connection became free in time: the app is overloaded, answer 503. */
+export { PoolExhaustedError } from './database.js';

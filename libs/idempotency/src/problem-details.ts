@@ -31,12 +31,18 @@ export class ProblemDetailsException extends HttpException {
   }
 }
 
-/** A thrown HttpException as a problem: its own when it carries one, else its status and (below 500) its message. */
+/**
+ * A thrown HttpException as a problem: its own when it carries one, else its status and (below 500) its message. A list
+ * of messages (ValidationPipe's, one per failed constraint) becomes the `detail`, joined, and an `errors` member.
+ */
 export function problemOf(exception: HttpException): { problem: Problem; headers: Record<string, string> } {
   if (exception instanceof ProblemDetailsException) return { problem: exception.problem, headers: exception.headers };
   const status = exception.getStatus();
   const response = exception.getResponse();
   const message = typeof response === 'object' && response && 'message' in response ? response.message : response;
-  const detail = status < 500 && typeof message === 'string' ? message : undefined;
-  return { problem: plainProblem(status, detail), headers: {} };
+  if (status >= 500) return { problem: plainProblem(status), headers: {} };
+  if (Array.isArray(message) && message.length > 0 && message.every((m) => typeof m === 'string')) {
+    return { problem: { ...plainProblem(status, message.join('; ')), errors: message }, headers: {} };
+  }
+  return { problem: plainProblem(status, typeof message === 'string' ? message : undefined), headers: {} };
 }

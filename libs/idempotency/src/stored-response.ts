@@ -1,4 +1,5 @@
 import type { StoredResponse } from './idempotency-keys.service.js';
+import { IDEMPOTENT_REPLAYED_HEADER } from './idempotency-key-header.js';
 import { PROBLEM_CONTENT_TYPE, type ProblemDetailsException } from './problem-details.js';
 
 const JSON_CONTENT_TYPE = 'application/json; charset=utf-8';
@@ -48,7 +49,7 @@ export function writeStoredResponse(res: IdempotentReply, response: StoredRespon
   res.status(response.status);
   for (const name of OUTCOME_HEADERS) if (!(name in response.headers)) res.removeHeader(name);
   for (const [name, value] of Object.entries(response.headers)) res.header(name, value);
-  if (replayed) res.header('Idempotent-Replayed', 'true');
+  if (replayed) res.header(IDEMPOTENT_REPLAYED_HEADER, 'true');
   return response.body;
 }
 

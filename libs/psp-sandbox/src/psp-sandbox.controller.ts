@@ -4,7 +4,8 @@ import type { FastifyReply as Response } from 'fastify';
 import { Public } from '../../../src/common/api-key.guard.js';
 import { ApiProblems } from '../../../src/common/api-problem-responses.js';
 import { problemType } from '../../../src/common/problem.js';
-import { parseIdempotencyKey } from '#idempotency';
+import { IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
+import { parseIdempotencyKey } from '#idempotency/internal';
 import { CreateChargeDto } from './dto/create-charge.dto.js';
 import { CreateRefundDto } from './dto/create-refund.dto.js';
 import { FindChargesQuery } from './dto/find-charges.query.js';
@@ -32,7 +33,7 @@ const IDEMPOTENCY_KEY = ApiHeader({
   schema: { type: 'string', maxLength: 255, example: '3f2b8c1e-5d4a-4b6c-9e7f-0a1b2c3d4e5f' },
 });
 
-const REPLAYED = { 'Idempotent-Replayed': { description: 'true when this is the recorded answer of an earlier request with the same key', schema: { type: 'string' } } };
+const REPLAYED = { [IDEMPOTENT_REPLAYED_HEADER]: { description: 'true when this is the recorded answer of an earlier request with the same key', schema: { type: 'string' } } };
 
 function idempotencyKey(raw: string | string[] | undefined): string {
   if (raw === undefined) throw keyMissing();
@@ -189,7 +190,7 @@ export class PspSandboxController {
       res.raw.destroy();
       return;
     }
-    if (answer.replayed) res.header('Idempotent-Replayed', 'true');
+    if (answer.replayed) res.header(IDEMPOTENT_REPLAYED_HEADER, 'true');
     res.status(answer.status).type('application/json').send(answer.body);
   }
 }
