@@ -16,7 +16,7 @@ async function main(): Promise<number> {
   const { config, json } = parseArgs(argv);
   const target = resolveTarget(config);
   // Progress on stderr, so stdout holds only the table or the JSON.
-  const report = await runConformance(target, (r) => void process.stderr.write(`${r.outcome.padEnd(4)} ${r.id}\n`));
+  const report = await runConformance(target, (r) => void process.stderr.write(`${r.outcome.padEnd(6)} ${r.id}\n`));
   console.log(json ? toJson(report) : formatTable(report, useColour(process.stdout)));
   return report.summary.fail > 0 ? 1 : 0;
 }
