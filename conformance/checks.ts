@@ -114,7 +114,7 @@ export class CheckContext {
     let signal!: (how: string) => void;
     const reached = new Promise<string>((resolve) => (signal = resolve));
     const exchange = this.send({ key, body, headers: hold.headers, onInformation: (status) => signal(`answered ${status} when held`) });
-    void exchange.then((x) => signal(x.answer ? `final:${x.answer.status}` : `final:no answer (${x.error})`));
+    void exchange.then((x) => signal(x.answer ? `final:answered ${x.answer.status}` : `final:got no answer (${x.error})`));
     let polling = before !== undefined;
     const poll = async () => {
       while (polling) {
@@ -122,13 +122,13 @@ export class CheckContext {
         await sleep(100);
       }
     };
-    void poll().catch((err: Error) => signal(`final:the effect counter failed (${err.message})`));
+    void poll().catch((err: Error) => signal(`final:could not be followed: the effect counter failed (${err.message})`));
     const how = await reached;
     polling = false;
     if (how.startsWith('final:')) {
       const x = await exchange;
       await hold.disarm?.();
-      throw new Failure(`the held request ${how.slice(6)} without a 1xx or its effect counted first: hold does not make it wait after its effect`, [x]);
+      throw new Failure(`the held request ${how.slice(6)} before a 1xx or its effect counted: hold does not make it wait after its effect`, [x]);
     }
     return { exchange, signal: how };
   }
@@ -572,8 +572,8 @@ const crashAfterEffect: Check = {
     await crash.kill();
     const cut = await held.exchange;
     await hold.disarm?.();
-    if (cut.answer) throw new Failure(`the held request was answered (${cut.answer.status}) although the API was killed: the kill did not stop it`, [cut]);
     await crash.start();
+    if (cut.answer) throw new Failure(`the held request was answered (${cut.answer.status}) although the API was killed: hold does not make it wait, or kill does not stop it`, [cut]);
     const { exchange: retried, how } = await retryAfterRestart(ctx, key, body, crash.retryWindowMs);
     const after = (await ctx.count())!;
     const window = `killed inside the window (${held.signal})`;

@@ -119,6 +119,14 @@ describe('the kit against a target that keys on method + path + key', () => {
     PROCESS_TEST_TIMEOUT_MS,
   );
 
+  it('a hold the target does not honour fails the window check before any kill: it cannot pass without landing in the window', async () => {
+    const unheld = { ...target(['crash-after-effect']), hold: { headers: { 'X-Not-A-Hold': '3000' } } };
+    const [result] = (await runConformance(unheld)).results;
+    expect(result.outcome).toBe('fail');
+    // Answered before its order was counted, or counted a moment before its answer (then killed and restarted): either way a failure.
+    expect(result.detail).toMatch(/^the held request (answered 201 before a 1xx or its effect counted|was answered \(201\) although the API was killed): hold does not make it wait/);
+  });
+
   it('the racing check passes twice, overlapped by the hold', async () => {
     for (let run = 1; run <= 2; run++) {
       const [result] = (await runConformance(target(['parallel-one-effect']))).results;
