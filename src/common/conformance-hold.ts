@@ -7,7 +7,8 @@ import type { FastifyReply } from 'fastify';
  * done and waits that long before its transaction commits, so the kit can kill the process or race a duplicate
  * inside that window every time instead of by chance. Off by default; any other value of the variable stops start-up.
  */
-export const CONFORMANCE_HOLD_HEADER = 'conformance-hold';
+// Read from the request, not a @Headers() parameter: that would publish the hook in the OpenAPI document.
+const CONFORMANCE_HOLD_HEADER = 'conformance-hold';
 const MAX_HOLD_MS = 60_000;
 
 const setting = process.env.CONFORMANCE_HOOKS;
@@ -17,8 +18,9 @@ if (setting !== undefined && setting !== '' && setting !== '0' && setting !== '1
 const enabled = setting === '1';
 
 /** Waits the requested time after the handler's writes, when the hooks are on and the request asks for it. */
-export async function holdForConformance(header: string | undefined, res: FastifyReply): Promise<void> {
-  if (!enabled || header === undefined) return;
+export async function holdForConformance(res: FastifyReply): Promise<void> {
+  const header = res.request.headers[CONFORMANCE_HOLD_HEADER];
+  if (!enabled || typeof header !== 'string') return;
   const ms = Number(header);
   if (!Number.isInteger(ms) || ms < 0 || ms > MAX_HOLD_MS) return;
   // The 1xx tells the kit the request is inside its window: no guessing by time.

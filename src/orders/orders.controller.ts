@@ -28,7 +28,7 @@ import {
   VALIDATION_FAILED,
 } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { CONFORMANCE_HOLD_HEADER, holdForConformance } from '../common/conformance-hold.js';
+import { holdForConformance } from '../common/conformance-hold.js';
 import { IdempotencyMetrics } from '#idempotency';
 import { IdempotentEndpoint } from '../common/idempotent-endpoint.js';
 import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
@@ -179,14 +179,13 @@ export class OrdersController {
     @Body() dto: CreateOrderDto,
     @Headers('submit-token') submitToken: string | undefined,
     @Res({ passthrough: true }) res: Response,
-    @Headers(CONFORMANCE_HOLD_HEADER) conformanceHold?: string,
   ): Promise<OrderView> {
     // Without a Submit-Token there is an Idempotency-Key (the guard): the interceptor holds the transaction this create joins.
     const { order, created } =
       submitToken === undefined
         ? await this.orders.createOrder(clientId, dto)
         : await this.submitTokens.consumeSubmitToken(clientId, submitToken, () => this.orders.createOrder(clientId, dto));
-    await holdForConformance(conformanceHold, res);
+    await holdForConformance(res);
     res.status(created ? HttpStatus.CREATED : HttpStatus.OK).header('Location', `/orders/${order.id}`).header('ETag', versionEtag(order.version));
     return order;
   }
