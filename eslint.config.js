@@ -8,7 +8,7 @@ const DEEP_INTO_A_LIB = { regex: '(^|/)libs/[^/]+/src(/|$)', message: ENTRY_ONLY
 const DEEP_INTO_ANOTHER_LIB = { regex: '^(\\.\\./)+[^./][^/]*/src(/|$)', message: ENTRY_ONLY };
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', 'coverage/', '.data/', 'bench/peer/', 'jest.config.js', 'eslint.config.js'] },
+  { ignores: ['dist/', 'node_modules/', 'coverage/', '.data/', 'bench/peer/', 'conformance/dist/', 'conformance/node_modules/', 'jest.config.js', 'eslint.config.js'] },
   eslint.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {

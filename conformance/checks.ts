@@ -2,7 +2,8 @@ import { randomUUID } from 'node:crypto';
 import type { Caller, Target } from './config.js';
 import { type Answer, type Exchange, HttpClient, jsonOf } from './http.js';
 
-export type Outcome = 'pass' | 'fail' | 'n/a';
+/** `choice`: the API departs from the draft's or Stripe's default on purpose and consistently: reported, not a failure. */
+export type Outcome = 'pass' | 'fail' | 'n/a' | 'choice';
 
 export interface CheckResult {
   id: string;
@@ -37,6 +38,7 @@ class Failure extends Error {
   }
 }
 
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const is2xx = (a: Answer | undefined) => a !== undefined && a.status >= 200 && a.status < 300;
 const statusOf = (x: Exchange) => (x.answer ? String(x.answer.status) : `no answer (${x.error})`);
 
@@ -86,11 +88,49 @@ export class CheckContext {
   }
 
   /** Sends the operation. `key`: one value, several header lines, or none; `bodyText` as given (to control key order and spaces). */
-  send(options: { key?: string | string[]; caller?: Caller; body?: unknown; bodyText?: string; headers?: Record<string, string> } = {}): Promise<Exchange> {
+  send(
+    options: { key?: string | string[]; caller?: Caller; body?: unknown; bodyText?: string; headers?: Record<string, string>; onInformation?: (status: number) => void } = {},
+  ): Promise<Exchange> {
     const headers: Record<string, string | string[]> = { 'Content-Type': 'application/json', ...this.target.callers[options.caller ?? 'a'], ...options.headers };
     if (options.key !== undefined) headers[IDEMPOTENCY_KEY] = options.key;
     const body = options.bodyText ?? JSON.stringify(options.body ?? this.bodyFor(randomUUID()));
-    return this.http.send({ method: this.target.operation.method, path: this.target.operation.path, headers, body });
+    return this.http.send({ method: this.target.operation.method, path: this.target.operation.path, headers, body }, options.onInformation);
+  }
+
+  /** The body a held request sends: the hold's own (with a fresh `{{unique}}`), or the operation's. */
+  heldBody(token: string): unknown {
+    const hold = this.target.hold;
+    return hold?.body !== undefined ? withToken(hold.body, token) : this.bodyFor(token);
+  }
+
+  /**
+   * Sends a request that the target holds inside its handler after its effect is written (`hold`), and resolves
+   * once it is there: it answered a 1xx, or its effect is counted. Fails if it answered or timed out first: then
+   * the hold does not hold, and nothing the kit does next would land in the window.
+   */
+  async sendHeld(key: string, body: unknown, before: number | undefined): Promise<{ exchange: Promise<Exchange>; signal: string }> {
+    const hold = this.target.hold!;
+    await hold.arm?.();
+    let signal!: (how: string) => void;
+    const reached = new Promise<string>((resolve) => (signal = resolve));
+    const exchange = this.send({ key, body, headers: hold.headers, onInformation: (status) => signal(`answered ${status} when held`) });
+    void exchange.then((x) => signal(x.answer ? `final:answered ${x.answer.status}` : `final:got no answer (${x.error})`));
+    let polling = before !== undefined;
+    const poll = async () => {
+      while (polling) {
+        if ((await this.count()) !== before) return signal('its effect counted while held');
+        await sleep(100);
+      }
+    };
+    void poll().catch((err: Error) => signal(`final:could not be followed: the effect counter failed (${err.message})`));
+    const how = await reached;
+    polling = false;
+    if (how.startsWith('final:')) {
+      const x = await exchange;
+      await hold.disarm?.();
+      throw new Failure(`the held request ${how.slice(6)} before a 1xx or its effect counted: hold does not make it wait after its effect`, [x]);
+    }
+    return { exchange, signal: how };
   }
 
   /** How many effects `caller` has, or undefined without a counter (noted once per check). */
@@ -154,7 +194,12 @@ export class CheckContext {
     if (!b) throw new Failure(`${what}: no answer (${again.error})`, [first, again]);
     if (b.status !== a.status) throw new Failure(`${what}: ${b.status}, not the first answer's ${a.status}`, [first, again]);
     if (!b.body.equals(a.body)) throw new Failure(`${what}: the body differs from the first answer's`, [first, again]);
-    if (a.headers.location !== b.headers.location) throw new Failure(`${what}: Location ${b.headers.location} differs from the first answer's ${a.headers.location}`, [first, again]);
+    // The headers a client acts on, when the first answer carries them: the effect's address and its version.
+    for (const name of ['location', 'etag']) {
+      if (a.headers[name] !== undefined && a.headers[name] !== b.headers[name]) {
+        throw new Failure(`${what}: ${name === 'etag' ? 'ETag' : 'Location'} ${b.headers[name] ?? '(none)'}, not the first answer's ${a.headers[name]}`, [first, again]);
+      }
+    }
     const marker = this.replayMarker(a, b);
     if (!marker) throw new Failure(`${what}: same status and bytes, but no header marks it as a replay${this.target.replayHeader ? ` (${this.target.replayHeader})` : ''}`, [first, again]);
     return `${marker}: ${b.headers[marker.toLowerCase()]}`;
@@ -176,13 +221,14 @@ const PROBLEM_JSON = /^application\/problem\+json\b/i;
 
 const missingKey: Check = {
   id: 'missing-key',
-  title: 'no Idempotency-Key → 400 problem+json, nothing executed',
+  title: 'no Idempotency-Key → 400, nothing executed (the media type reported apart)',
   async run(ctx) {
     const before = await ctx.count();
     const x = await ctx.send();
     expectStatus(x, 400, 'without a key');
     const type = x.answer!.headers['content-type'] ?? '';
-    if (!PROBLEM_JSON.test(type)) throw new Failure(`without a key: 400 but Content-Type ${type || '(none)'}, not application/problem+json`, [x]);
+    // Often the host app's exception filter, not the idempotency layer, picks the media type: a note, not the verdict.
+    if (!PROBLEM_JSON.test(type)) ctx.note(`the 400 is ${type || 'without a Content-Type'}, not application/problem+json (the draft's examples are problem documents)`);
     const effects = await ctx.expectEffects(before, 0, 'without a key', [x]);
     return { outcome: 'pass', detail: `400 ${type}${effects}` };
   },
@@ -202,8 +248,34 @@ function malformed(id: string, title: string, key: () => string | string[]): Che
   };
 }
 
+/** A 256-character key, unique per run: its first 255 characters shared with `sibling`. */
+const longKey = (prefix: string, last: string) => `${prefix}${'k'.repeat(255 - prefix.length)}${last}`;
+
+const tooLongKey: Check = {
+  id: 'malformed-key-too-long',
+  title: 'a 256-character key → 400; a longer limit is a choice if keys are kept whole and bounded',
+  async run(ctx) {
+    const before = await ctx.count();
+    const prefix = ctx.newKey();
+    const x = await ctx.send({ key: longKey(prefix, 'a') });
+    if (!is2xx(x.answer)) {
+      expectStatus(x, 400, 'a 256-character key');
+      return { outcome: 'pass', detail: `400${await ctx.expectEffects(before, 0, 'a 256-character key', [x])}` };
+    }
+    // Accepted: a limit above 255 is the API's to choose, unless the key is truncated (two keys collide) or unbounded.
+    const sibling = await ctx.send({ key: longKey(prefix, 'b') });
+    if (!is2xx(sibling.answer) || ctx.isReplay(sibling.answer!)) {
+      throw new Failure(`two 256-character keys that differ in their last character: the second ${statusOf(sibling)}${is2xx(sibling.answer) ? ' replayed' : ''} (the key is truncated)`, [x, sibling]);
+    }
+    const huge = await ctx.send({ key: `${ctx.newKey()}${'k'.repeat(4096)}` });
+    if (is2xx(huge.answer)) throw new Failure(`a key of ${huge.sent.headers[IDEMPOTENCY_KEY].length} characters is accepted too: no limit, one request can fill a row`, [huge]);
+    const effects = await ctx.expectEffects(before, 2, 'two 256-character keys', [x, sibling]);
+    return { outcome: 'choice', detail: `accepts 256-character keys, kept whole (its limit is above this service's and Stripe's 255), refuses ${statusOf(huge)} at 4 kB${effects}` };
+  },
+};
+
 const malformedKeys: Check[] = [
-  malformed('malformed-key-too-long', 'a 256-character key → 400', () => 'k'.repeat(256)),
+  tooLongKey,
   malformed('malformed-key-empty', 'an empty key → 400', () => ''),
   malformed('malformed-key-commas', 'a bare key with commas (key,with,commas) → 400', () => `key,with,commas-${randomUUID()}`),
   malformed('malformed-key-two-headers', 'two Idempotency-Key headers → 400', () => [`conformance-${randomUUID()}`, `conformance-${randomUUID()}`]),
@@ -249,8 +321,23 @@ const parallel: Check = {
     const n = ctx.target.parallel;
     const before = await ctx.count();
     const key = ctx.newKey();
-    const body = ctx.bodyFor(randomUUID());
-    const all = await Promise.all(Array.from({ length: n }, () => ctx.send({ key, body })));
+    let all: Exchange[];
+    let overlap = '';
+    let body: unknown;
+    if (ctx.target.hold) {
+      // Made to overlap: the first is held inside its handler, after its effect, while the others arrive.
+      body = ctx.heldBody(randomUUID());
+      const held = await ctx.sendHeld(key, body, before);
+      const others = Array.from({ length: n - 1 }, () => ctx.send({ key, body }));
+      const first = await held.exchange;
+      await ctx.target.hold.disarm?.();
+      all = [first, ...(await Promise.all(others))];
+      overlap = `; the others sent while the first was held (${held.signal})`;
+    } else {
+      ctx.note('the requests overlap by chance only: configure hold to make them overlap every time');
+      body = ctx.bodyFor(randomUUID());
+      all = await Promise.all(Array.from({ length: n }, () => ctx.send({ key, body })));
+    }
     const statuses = histogram(all, (a) => ctx.isReplay(a));
     const ok = all.filter((x) => is2xx(x.answer));
     if (ok.length === 0) throw new Failure(`${n} parallel requests, none succeeded: ${statuses}`, all.slice(0, 2));
@@ -264,7 +351,7 @@ const parallel: Check = {
     const after = await ctx.send({ key, body });
     ctx.expectReplay(ok[0], after, 'a retry after the burst');
     const effects = await ctx.expectEffects(before, 1, `${n} parallel requests with one key`, [ok[0], after]);
-    return { outcome: 'pass', detail: `${statuses}${effects}` };
+    return { outcome: 'pass', detail: `${statuses}${effects}${overlap}` };
   },
 };
 
@@ -314,6 +401,15 @@ const validationKeepsKey: Check = {
     if (is2xx(refused.answer)) return { outcome: 'n/a', detail: `the invalid body ${JSON.stringify(invalid)} was accepted (${refused.answer!.status}): give operation.invalidBody` };
     if (refused.answer?.status !== 400 && refused.answer?.status !== 422) throw new Failure(`the invalid body: ${statusOf(refused)}, expected 400`, [refused]);
     const fixed = await ctx.send({ key, body: ctx.bodyFor(randomUUID()) });
+    if (!is2xx(fixed.answer) && fixed.answer?.status === 422) {
+      // Stored on purpose, if the same invalid request replays its refusal: then a client fixes it under a new key.
+      const same = await ctx.send({ key, body: invalid });
+      const stored = same.answer?.status === refused.answer.status && same.answer.body.equals(refused.answer.body) && ctx.isReplay(same.answer);
+      if (stored) {
+        const effects = await ctx.expectEffects(before, 0, 'an invalid request, then another body under its key', [refused, fixed, same]);
+        return { outcome: 'choice', detail: `stores its ${refused.answer.status}: the same request replays it, a fixed body under the key is a 422 (a new key is needed)${effects}` };
+      }
+    }
     if (!is2xx(fixed.answer)) throw new Failure(`after a ${refused.answer.status}, the valid request with the same key: ${statusOf(fixed)}, not 2xx: the refusal was stored`, [refused, fixed]);
     if (ctx.isReplay(fixed.answer!)) throw new Failure('after a refusal, the valid request with the same key was answered as a replay', [refused, fixed]);
     const effects = await ctx.expectEffects(before, 1, 'an invalid then a valid request', [refused, fixed]);
@@ -423,21 +519,12 @@ const crashOneEffect: Check = {
     await (killed ?? crash.kill());
     await crash.start();
     if (inFlightAtKill === 0) throw new Failure(`nothing was in flight at the kill: raise crash.keys (${keys.length})`, []);
-    const retry = async (key: string): Promise<Exchange> => {
-      const deadline = Date.now() + 30_000;
-      for (;;) {
-        const x = await ctx.send({ key, body: bodies.get(key) });
-        // A 409 with Retry-After (a lease still running) is asked again, as a client would, until the deadline.
-        const wait = x.answer?.status === 409 ? Number(x.answer.headers['retry-after'] ?? NaN) : NaN;
-        if ((x.answer && !(wait >= 0)) || Date.now() > deadline) return x;
-        await new Promise((r) => setTimeout(r, Math.min(wait * 1000, 2_000) || 100));
-      }
-    };
-    const retried = await Promise.all(keys.map(retry));
+    const retries = await Promise.all(keys.map((key) => retryAfterRestart(ctx, key, bodies.get(key), crash.retryWindowMs)));
+    const retried = retries.map((r) => r.exchange);
     const again = await Promise.all(keys.map((key) => ctx.send({ key, body: bodies.get(key) })));
     const summary = `first: ${histogram(first, (a) => ctx.isReplay(a))}; retried: ${histogram(retried, (a) => ctx.isReplay(a))}`;
     for (let i = 0; i < keys.length; i++) {
-      if (!is2xx(retried[i].answer)) throw new Failure(`${summary}; a key retried for 30 s after the restart still answers ${statusOf(retried[i])} (stuck)`, [first[i], retried[i]]);
+      if (!is2xx(retried[i].answer)) throw new Failure(`${summary}; a key ${retries[i].how} still answers ${statusOf(retried[i])} (stuck)`, [first[i], retried[i]]);
       ctx.expectReplay(retried[i], again[i], "a key's second retry");
       if (is2xx(first[i].answer) && !first[i].answer!.body.equals(retried[i].answer!.body)) {
         throw new Failure(`${summary}; a key answered before the kill got another answer after the restart (executed again)`, [first[i], retried[i]]);
@@ -450,7 +537,58 @@ const crashOneEffect: Check = {
   },
 };
 
-/** In the order they run: the crash check last, since it restarts the API. */
+/**
+ * A key retried after a restart, as a client would: any 409 (a lock or lease from before the kill) and any
+ * refused connection is asked again until `windowMs` has passed; a Retry-After pointing past that extends the
+ * window to it (up to ten minutes), so a lock the API reports is outlasted and what it guarded is seen.
+ */
+async function retryAfterRestart(ctx: CheckContext, key: string, body: unknown, windowMs: number): Promise<{ exchange: Exchange; how: string }> {
+  const started = Date.now();
+  let deadline = started + windowMs;
+  let asked = 0;
+  for (;;) {
+    const x = await ctx.send({ key, body });
+    asked++;
+    const again = !x.answer || x.answer.status === 409 || (x.answer.status === 503 && x.answer.headers['retry-after'] !== undefined);
+    const how = `asked ${asked} time(s) over ${((Date.now() - started) / 1000).toFixed(1)} s after the restart`;
+    if (!again || Date.now() >= deadline) return { exchange: x, how };
+    const retryAfter = Number(x.answer?.headers['retry-after'] ?? NaN);
+    if (retryAfter >= 0) deadline = Math.max(deadline, Math.min(Date.now() + retryAfter * 1000 + 1_000, started + 600_000));
+    await sleep(retryAfter >= 0 ? Math.min(Math.max(retryAfter * 1000, 100), 5_000) : 500);
+  }
+}
+
+const crashAfterEffect: Check = {
+  id: 'crash-after-effect',
+  title: 'killed while held after its effect is written, restarted, retried → one effect',
+  async run(ctx) {
+    const { crash, hold } = ctx.target;
+    if (!crash || !hold) return { outcome: 'n/a', detail: `needs ${[!crash && 'kill/start commands (crash)', !hold && 'a way to hold a request after its effect (hold)'].filter(Boolean).join(' and ')}` };
+    const before = await ctx.count();
+    if (before === undefined) return { outcome: 'n/a', detail: 'needs effects to count (effects.list or effects.command): the fault it finds is a second effect' };
+    const key = ctx.newKey();
+    const body = ctx.heldBody(randomUUID());
+    const held = await ctx.sendHeld(key, body, before);
+    await crash.kill();
+    const cut = await held.exchange;
+    await hold.disarm?.();
+    await crash.start();
+    if (cut.answer) throw new Failure(`the held request was answered (${cut.answer.status}) although the API was killed: hold does not make it wait, or kill does not stop it`, [cut]);
+    const { exchange: retried, how } = await retryAfterRestart(ctx, key, body, crash.retryWindowMs);
+    const after = (await ctx.count())!;
+    const window = `killed inside the window (${held.signal})`;
+    if (after - before > 1) {
+      throw new Failure(`${window}, restarted, retried: ${after - before} effects from one key — the key is recorded apart from the effect`, [cut, retried]);
+    }
+    if (!is2xx(retried.answer)) throw new Failure(`${window}, restarted: the retry, ${how}, still answers ${statusOf(retried)} (stuck)`, [cut, retried]);
+    const again = await ctx.send({ key, body });
+    ctx.expectReplay(retried, again, 'a second retry');
+    if (after - before !== 1) throw new Failure(`${window}, restarted, retried ${retried.answer!.status}: ${after - before} effects, expected 1`, [cut, retried]);
+    return { outcome: 'pass', detail: `${window}; the retry ${retried.answer!.status} (${how}), then replayed; 1 effect` };
+  },
+};
+
+/** In the order they run: the crash checks last, since they restart the API. */
 export const CHECKS: readonly Check[] = [
   missingKey,
   ...malformedKeys,
@@ -462,6 +600,7 @@ export const CHECKS: readonly Check[] = [
   validationKeepsKey,
   serverErrorNotStored,
   openapiExpiry,
+  crashAfterEffect,
   crashOneEffect,
 ];
 

@@ -1,5 +1,6 @@
+#!/usr/bin/env node
 /**
- * npm run conformance -- --base http://127.0.0.1:3000 --config my-api.json [--json]
+ * node conformance/dist/cli.js --config my-api.json [--json]   (npx idempotency-key-conformance once published)
  * Black-box checks of an Idempotency-Key API (conformance/README.md; each check explained in docs/conformance.md).
  * Exit 0: no check failed; 1: a check failed; 2: the config or the run itself is broken.
  */
@@ -16,7 +17,7 @@ async function main(): Promise<number> {
   const { config, json } = parseArgs(argv);
   const target = resolveTarget(config);
   // Progress on stderr, so stdout holds only the table or the JSON.
-  const report = await runConformance(target, (r) => void process.stderr.write(`${r.outcome.padEnd(4)} ${r.id}\n`));
+  const report = await runConformance(target, (r) => void process.stderr.write(`${r.outcome.padEnd(6)} ${r.id}\n`));
   console.log(json ? toJson(report) : formatTable(report, useColour(process.stdout)));
   return report.summary.fail > 0 ? 1 : 0;
 }

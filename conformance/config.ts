@@ -1,5 +1,6 @@
 import { exec } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
 import { loopbackBase } from './http.js';
 
@@ -37,8 +38,17 @@ export interface KitConfig {
   openapi?: string;
   /** A request that provokes a 5xx: a body and/or headers, and optionally shell commands run before and after it. */
   serverError?: { body?: unknown; headers?: Record<string, string>; arm?: string; disarm?: string };
-  /** Shell commands: `kill` stops the API abruptly; `start` starts it again at the same base (the kit waits until it answers). */
-  crash?: { kill: string; start: string; keys?: number };
+  /**
+   * How to make one request wait inside its handler after its effect is written, before the key is recorded (or the
+   * transaction commits): headers and/or a body, and optionally commands run before and after. The request says it
+   * got there with a 1xx (102), or the kit sees its effect counted. Makes the kill and the races land in that window.
+   */
+  hold?: { headers?: Record<string, string>; body?: unknown; arm?: string; disarm?: string };
+  /**
+   * Shell commands: `kill` stops the API abruptly; `start` starts it again at the same base (the kit waits until it
+   * answers). `retryWindowMs`: how long a key is retried after the restart (a 409's Retry-After beyond it extends it).
+   */
+  crash?: { kill: string; start: string; keys?: number; retryWindowMs?: number };
   /** How many identical requests the parallel check fires at once (and the bound on requests in flight): 10, at most 32. */
   parallel?: number;
   timeoutMs?: number;
@@ -59,10 +69,12 @@ export interface Target {
   effectId: string | undefined;
   countEffects?: (caller: Caller) => Promise<number>;
   serverError?: { body?: unknown; headers?: Record<string, string>; arm?: () => Promise<void>; disarm?: () => Promise<void> };
-  crash?: { kill: () => Promise<void>; start: () => Promise<void>; keys: number };
+  hold?: { headers?: Record<string, string>; body?: unknown; arm?: () => Promise<void>; disarm?: () => Promise<void> };
+  crash?: { kill: () => Promise<void>; start: () => Promise<void>; keys: number; retryWindowMs: number };
 }
 
 export const MAX_PARALLEL = 32;
+export const DEFAULT_RETRY_WINDOW_MS = 30_000;
 
 export class ConfigError extends Error {}
 
@@ -70,55 +82,105 @@ function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
-function stringRecord(value: unknown, what: string): Record<string, string> {
-  if (!isRecord(value) || !Object.values(value).every((v) => typeof v === 'string')) throw new ConfigError(`${what} must be an object of header names to string values`);
-  return value as Record<string, string>;
+/**
+ * The config's shape, for validation: every key the kit reads, and its type. A misspelt key (`crsh`) or a wrong
+ * type is an error naming it, never a check silently n/a. Hand-written: the kit has no runtime dependency.
+ */
+type Shape = 'string' | 'json' | 'headers' | 'strings' | { integer: [number, number] } | { object: Record<string, Shape>; required?: string[] };
+const obj = (fields: Record<string, Shape>, required: string[] = []): Shape => ({ object: fields, required });
+const HOOK = obj({ body: 'json', headers: 'headers', arm: 'string', disarm: 'string' });
+const CONFIG_SHAPE = obj(
+  {
+    base: 'string',
+    operation: obj({ method: 'string', path: 'string', body: 'json', otherBody: 'json', invalidBody: 'json' }, ['method', 'path', 'body']),
+    callers: obj({ a: 'headers', b: 'headers' }, ['a', 'b']),
+    effects: obj({ list: obj({ path: 'string', items: 'string', next: 'string', cursorParam: 'string' }, ['path']), command: 'string', id: 'string' }),
+    replayHeader: 'string',
+    openapi: 'string',
+    serverError: HOOK,
+    hold: HOOK,
+    crash: obj({ kill: 'string', start: 'string', keys: { integer: [1, 1000] }, retryWindowMs: { integer: [0, 3_600_000] } }, ['kill', 'start']),
+    parallel: { integer: [2, MAX_PARALLEL] },
+    timeoutMs: { integer: [1, 3_600_000] },
+    only: 'strings',
+    $schema: 'string',
+  },
+  ['base', 'operation', 'callers'],
+);
+
+function checkShape(value: unknown, shape: Shape, at: string): void {
+  const where = at || 'the config';
+  if (shape === 'json') return;
+  if (shape === 'string') {
+    if (typeof value !== 'string') throw new ConfigError(`${where} must be a string, got ${JSON.stringify(value)}`);
+  } else if (shape === 'strings') {
+    if (!Array.isArray(value) || !value.every((v) => typeof v === 'string')) throw new ConfigError(`${where} must be an array of strings`);
+  } else if (shape === 'headers') {
+    if (!isRecord(value) || !Object.values(value).every((v) => typeof v === 'string')) throw new ConfigError(`${where} must be an object of header names to string values`);
+  } else if ('integer' in shape) {
+    const [min, max] = shape.integer;
+    if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) throw new ConfigError(`${where} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
+  } else {
+    if (!isRecord(value)) throw new ConfigError(`${where} must be an object`);
+    for (const key of Object.keys(value)) {
+      if (!(key in shape.object)) throw new ConfigError(`unknown key ${at ? `${at}.` : ''}${key} (known${at ? ` in ${at}` : ''}: ${Object.keys(shape.object).filter((k) => k !== '$schema').join(', ')})`);
+    }
+    for (const key of shape.required ?? []) if (value[key] === undefined) throw new ConfigError(`${at ? `${at}.` : ''}${key} is required`);
+    for (const [key, field] of Object.entries(shape.object)) if (value[key] !== undefined) checkShape(value[key], field, at ? `${at}.${key}` : key);
+  }
 }
 
 /** Checks the shape of a config (from a file, flags, or a test) and fills in defaults. */
 export function validateConfig(raw: unknown): KitConfig {
   if (!isRecord(raw)) throw new ConfigError('the config must be a JSON object');
-  const { base, operation, callers } = raw;
-  if (typeof base !== 'string') throw new ConfigError('base is required (--base http://127.0.0.1:3000)');
+  if (raw.base === undefined) throw new ConfigError('base is required (--base http://127.0.0.1:3000)');
+  if (!isRecord(raw.operation) || raw.operation.method === undefined || raw.operation.path === undefined || raw.operation.body === undefined) {
+    throw new ConfigError('operation needs method, path and body (--method POST --path /orders --body \'{…}\')');
+  }
+  if (!isRecord(raw.callers) || raw.callers.a === undefined || raw.callers.b === undefined) {
+    throw new ConfigError('callers.a and callers.b are required (--caller-a "Authorization: Bearer …" --caller-b …)');
+  }
+  checkShape(raw, CONFIG_SHAPE, '');
+  const config = raw as unknown as KitConfig;
   try {
-    loopbackBase(base);
+    loopbackBase(config.base);
   } catch (err) {
     throw new ConfigError((err as Error).message);
   }
-  if (!isRecord(operation) || typeof operation.method !== 'string' || typeof operation.path !== 'string' || operation.body === undefined) {
-    throw new ConfigError('operation needs method, path and body (--method POST --path /orders --body \'{…}\')');
-  }
-  if (!operation.path.startsWith('/')) throw new ConfigError(`operation.path ${operation.path} must start with /`);
-  if (!isRecord(callers)) throw new ConfigError('callers.a and callers.b are required (--caller-a "Authorization: Bearer …" --caller-b …)');
-  const parallel = raw.parallel === undefined ? 10 : raw.parallel;
-  if (typeof parallel !== 'number' || !Number.isInteger(parallel) || parallel < 2 || parallel > MAX_PARALLEL) throw new ConfigError(`parallel must be an integer from 2 to ${MAX_PARALLEL}`);
-  const config: KitConfig = {
-    ...(raw as unknown as KitConfig),
-    operation: { ...(operation as unknown as KitConfig['operation']), method: operation.method.toUpperCase() },
-    callers: { a: stringRecord(callers.a, 'callers.a'), b: stringRecord(callers.b, 'callers.b') },
-    parallel,
-  };
+  if (!config.operation.path.startsWith('/')) throw new ConfigError(`operation.path ${config.operation.path} must start with /`);
   const effects = config.effects;
-  if (effects?.list && typeof effects.list.path !== 'string') throw new ConfigError('effects.list.path must be a path');
   if (effects?.id && effects.id !== 'location' && !effects.id.startsWith('body:')) throw new ConfigError('effects.id is location or body:<field>');
-  if (config.openapi !== undefined && (typeof config.openapi !== 'string' || !config.openapi.startsWith('/'))) throw new ConfigError('openapi is the document\'s path on the base, e.g. /docs-json');
-  if (config.crash && (typeof config.crash.kill !== 'string' || typeof config.crash.start !== 'string')) throw new ConfigError('crash needs kill and start commands');
-  return config;
+  if (config.openapi !== undefined && !config.openapi.startsWith('/')) throw new ConfigError("openapi is the document's path on the base, e.g. /docs-json");
+  if (config.hold && config.hold.headers === undefined && config.hold.body === undefined && config.hold.arm === undefined) {
+    throw new ConfigError('hold needs headers, a body or an arm command: what makes the request wait after its effect');
+  }
+  return { ...config, operation: { ...config.operation, method: config.operation.method.toUpperCase() }, parallel: config.parallel ?? 10 };
 }
 
-const FLAG_HELP = `npm run conformance -- --base URL --method POST --path /orders --body '{…}' --caller-a 'Authorization: Bearer A' --caller-b 'Authorization: Bearer B' [options]
-  --config FILE           the same as JSON (flags override it); see conformance/README.md
-  --other-body JSON       another valid body (the 422 check); else derived from {{unique}} in --body
-  --invalid-body JSON     a body the API refuses (400); else {}
-  --count-list PATH       a GET listing the caller's effects (array at --count-items, pages via --count-next/--count-cursor)
-  --count-command CMD     a shell command printing the caller's count ({caller} → a|b)
+const FLAG_HELP = `node conformance/dist/cli.js --base URL --method POST --path /orders --body '{…}' --caller-a 'Authorization: Bearer A' --caller-b 'Authorization: Bearer B' [options]
+  --config FILE             the same as JSON (flags override it; relative to the directory you ran from); see conformance/README.md
+  --base URL                the API's base URL, on loopback (http://127.0.0.1:3000)
+  --method M --path P       the write operation (POST /orders)
+  --body JSON               a valid body; {{unique}} in a string becomes a fresh value per key
+  --other-body JSON         another valid body (the 422 check); else derived from {{unique}} in --body
+  --invalid-body JSON       a body the API refuses (400); else {}
+  --caller-a 'Name: value'  a header of caller a (repeat for more); --caller-b likewise for the other caller
+  --count-list PATH         a GET listing the caller's effects; the array at --count-items FIELD (dotted),
+                            pages via --count-next FIELD (the next cursor) and --count-cursor PARAM (its query parameter)
+  --count-command CMD       a shell command printing the caller's count ({caller} → a|b)
   --effect-id location|body:FIELD   what names an effect in an answer
-  --replay-header NAME    the replay marker (found by itself if absent)
-  --openapi PATH          the OpenAPI document's path on the base (JSON)
-  --kill-command CMD --start-command CMD   the crash check
-  --parallel N            identical requests at once (10; at most ${MAX_PARALLEL})
-  --only id,id            run only these checks
-  --json                  one JSON document on stdout (for CI)`;
+  --replay-header NAME      the replay marker (found by itself if absent)
+  --openapi PATH            the OpenAPI document's path on the base (JSON)
+  --hold-header 'Name: value'   makes a request wait after its effect is written (repeat for more): the window check, the races
+  --kill-command CMD --start-command CMD   the crash checks (start must return once started: detach the app's output)
+  --keys N                  keys in flight at the crash check's kill (24)
+  --retry-window-ms MS      how long the crash checks retry a key after the restart (${DEFAULT_RETRY_WINDOW_MS}; a longer Retry-After extends it)
+  --parallel N              identical requests at once (10; 2 to ${MAX_PARALLEL})
+  --timeout-ms MS           per-request timeout (30000)
+  --only id,id              run only these checks
+  --json                    one JSON document on stdout (for CI)
+  --help                    this
+Exit 0: no check failed; 1: a check failed; 2: the config or the run is broken.`;
 
 export const USAGE = FLAG_HELP;
 
@@ -136,8 +198,22 @@ function json(text: string, flag: string): unknown {
   }
 }
 
-/** Flags on top of an optional --config file. Returns the config and whether --json was asked for. */
-export function parseArgs(argv: string[]): { config: KitConfig; json: boolean } {
+function integer(text: string, flag: string): number {
+  if (!/^\d+$/.test(text)) throw new ConfigError(`${flag} takes a whole number, got ${text}`);
+  return Number(text);
+}
+
+const FLAGS = new Set([
+  '--config', '--base', '--method', '--path', '--body', '--other-body', '--invalid-body', '--caller-a', '--caller-b', '--count-list',
+  '--count-items', '--count-next', '--count-cursor', '--count-command', '--effect-id', '--replay-header', '--openapi', '--hold-header',
+  '--kill-command', '--start-command', '--keys', '--retry-window-ms', '--parallel', '--timeout-ms', '--only',
+]);
+
+/**
+ * Flags on top of an optional --config file. Returns the config and whether --json was asked for. A relative
+ * --config is read from `cwd`: the directory the user ran from (INIT_CWD under `npm run`, which moves to the package).
+ */
+export function parseArgs(argv: string[], cwd = process.env.INIT_CWD || process.cwd()): { config: KitConfig; json: boolean } {
   let file: Record<string, unknown> = {};
   const flags = new Map<string, string[]>();
   let wantJson = false;
@@ -147,13 +223,21 @@ export function parseArgs(argv: string[]): { config: KitConfig; json: boolean } 
       wantJson = true;
       continue;
     }
-    if (!arg.startsWith('--') || i + 1 >= argv.length) throw new ConfigError(`unexpected argument ${arg}\n${FLAG_HELP}`);
+    if (!FLAGS.has(arg)) throw new ConfigError(`unknown argument ${arg} (--help lists the options)`);
+    if (i + 1 >= argv.length) throw new ConfigError(`${arg} needs a value`);
     flags.set(arg, [...(flags.get(arg) ?? []), argv[++i]]);
   }
   const last = (flag: string) => flags.get(flag)?.at(-1);
   const configFile = last('--config');
   if (configFile) {
-    const parsed = json(readFileSync(configFile, 'utf8'), `--config ${configFile}`);
+    const path = resolvePath(cwd, configFile);
+    let text: string;
+    try {
+      text = readFileSync(path, 'utf8');
+    } catch (err) {
+      throw new ConfigError(`--config ${configFile}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+    }
+    const parsed = json(text, `--config ${configFile}`);
     if (!isRecord(parsed)) throw new ConfigError(`--config ${configFile} must hold a JSON object`);
     file = parsed;
   }
@@ -170,20 +254,28 @@ export function parseArgs(argv: string[]): { config: KitConfig; json: boolean } 
     if (lines) callers[who] = Object.fromEntries(lines.map((l) => header(l, `--caller-${who}`)));
   }
   const effects: Record<string, unknown> = { ...(isRecord(file.effects) ? file.effects : {}) };
-  if (last('--count-list')) effects.list = { path: last('--count-list'), items: last('--count-items'), next: last('--count-next'), cursorParam: last('--count-cursor') };
+  if (last('--count-list')) {
+    const list: Record<string, unknown> = { path: last('--count-list') };
+    for (const [flag, field] of [['--count-items', 'items'], ['--count-next', 'next'], ['--count-cursor', 'cursorParam']]) if (last(flag)) list[field] = last(flag);
+    effects.list = list;
+  }
   if (last('--count-command')) effects.command = last('--count-command');
   if (last('--effect-id')) effects.id = last('--effect-id');
   const crash = isRecord(file.crash) ? { ...file.crash } : {};
   if (last('--kill-command')) crash.kill = last('--kill-command');
   if (last('--start-command')) crash.start = last('--start-command');
+  if (last('--keys')) crash.keys = integer(last('--keys')!, '--keys');
+  if (last('--retry-window-ms')) crash.retryWindowMs = integer(last('--retry-window-ms')!, '--retry-window-ms');
   const merged: Record<string, unknown> = { ...file, operation, callers };
   if (Object.keys(effects).length > 0) merged.effects = effects;
   if (Object.keys(crash).length > 0) merged.crash = crash;
+  const holdLines = flags.get('--hold-header');
+  if (holdLines) merged.hold = { ...(isRecord(file.hold) ? file.hold : {}), headers: Object.fromEntries(holdLines.map((l) => header(l, '--hold-header'))) };
   if (last('--base')) merged.base = last('--base');
   if (last('--replay-header')) merged.replayHeader = last('--replay-header');
   if (last('--openapi')) merged.openapi = last('--openapi');
-  if (last('--parallel')) merged.parallel = Number(last('--parallel'));
-  if (last('--timeout-ms')) merged.timeoutMs = Number(last('--timeout-ms'));
+  if (last('--parallel')) merged.parallel = integer(last('--parallel')!, '--parallel');
+  if (last('--timeout-ms')) merged.timeoutMs = integer(last('--timeout-ms')!, '--timeout-ms');
   if (last('--only')) merged.only = last('--only')!.split(',');
   return { config: validateConfig(merged), json: wantJson };
 }
@@ -256,13 +348,14 @@ export async function waitUntilAnswering(base: URL, deadlineMs = 60_000): Promis
 }
 
 /** The config's commands as functions; `overrides` replaces any of them (a test's own kill and start). */
-export function resolveTarget(config: KitConfig, overrides: Partial<Pick<Target, 'countEffects' | 'serverError' | 'crash'>> = {}): Target {
+export function resolveTarget(config: KitConfig, overrides: Partial<Pick<Target, 'countEffects' | 'serverError' | 'hold' | 'crash'>> = {}): Target {
   const base = loopbackBase(config.base);
   const timeoutMs = config.timeoutMs ?? 30_000;
   const effects = config.effects;
   const countEffects = effects?.list ? listCounter(config, base, timeoutMs) : effects?.command ? commandCounter(effects.command) : undefined;
   const se = config.serverError;
   const crash = config.crash;
+  const hold = config.hold;
   return {
     base,
     operation: config.operation,
@@ -282,10 +375,19 @@ export function resolveTarget(config: KitConfig, overrides: Partial<Pick<Target,
         arm: se.arm ? async () => void (await run(se.arm!)) : undefined,
         disarm: se.disarm ? async () => void (await run(se.disarm!)) : undefined,
       }),
+    hold:
+      overrides.hold ??
+      (hold && {
+        body: hold.body,
+        headers: hold.headers,
+        arm: hold.arm ? async () => void (await run(hold.arm!)) : undefined,
+        disarm: hold.disarm ? async () => void (await run(hold.disarm!)) : undefined,
+      }),
     crash:
       overrides.crash ??
       (crash && {
         keys: crash.keys ?? 24,
+        retryWindowMs: crash.retryWindowMs ?? DEFAULT_RETRY_WINDOW_MS,
         kill: async () => void (await run(crash.kill)),
         start: async () => {
           await run(crash.start);

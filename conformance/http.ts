@@ -54,10 +54,11 @@ export class HttpClient {
     this.agent = new Agent({ keepAlive: false, maxSockets: limit });
   }
 
-  async send(sent: Sent): Promise<Exchange> {
+  /** `onInformation`: called on each 1xx before the answer (a held request saying it reached its window). */
+  async send(sent: Sent, onInformation?: (status: number) => void): Promise<Exchange> {
     await this.slot();
     try {
-      return await this.exchange(sent);
+      return await this.exchange(sent, onInformation);
     } finally {
       this.active--;
       this.queue.shift()?.();
@@ -86,7 +87,7 @@ export class HttpClient {
     );
   }
 
-  private exchange(sent: Sent): Promise<Exchange> {
+  private exchange(sent: Sent, onInformation?: (status: number) => void): Promise<Exchange> {
     const body = sent.body === undefined ? undefined : Buffer.from(sent.body, 'utf8');
     const headers: Record<string, string | string[]> = { ...sent.headers };
     if (body) headers['Content-Length'] = String(body.length);
@@ -105,6 +106,7 @@ export class HttpClient {
           });
         },
       );
+      if (onInformation) req.on('information', (info: { statusCode: number }) => onInformation(info.statusCode));
       req.on('timeout', () => req.destroy(new Error(`no answer within ${this.timeoutMs} ms`)));
       req.on('error', (err: NodeJS.ErrnoException) => resolve({ sent, error: err.code ?? err.message }));
       req.end(body);

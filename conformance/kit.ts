@@ -6,7 +6,7 @@ export interface KitReport {
   base: string;
   operation: string;
   results: CheckResult[];
-  summary: { pass: number; fail: number; 'n/a': number };
+  summary: { pass: number; fail: number; choice: number; 'n/a': number };
 }
 
 /** Runs every check (or `target.only`) in order against the target, one at a time. */
@@ -30,6 +30,6 @@ export async function runConformance(target: Target, onResult: (result: CheckRes
     base: target.base.href,
     operation: `${target.operation.method} ${target.operation.path}`,
     results,
-    summary: { pass: count('pass'), fail: count('fail'), 'n/a': count('n/a') },
+    summary: { pass: count('pass'), fail: count('fail'), choice: count('choice'), 'n/a': count('n/a') },
   };
 }

@@ -6,11 +6,13 @@
  */
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { resolve } from 'node:path';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
 import { Pool } from 'pg';
 import request from 'supertest';
 import { CHECKS } from '../conformance/checks';
-import { ConfigError, parseArgs, resolveTarget, validateConfig } from '../conformance/config';
+import { ConfigError, parseArgs, resolveTarget, USAGE, validateConfig } from '../conformance/config';
 import { runConformance } from '../conformance/kit';
 import { describeExchange } from '../conformance/report';
 import { freePort } from '../src/common/free-port';
@@ -24,9 +26,9 @@ const order = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quan
 const CLI = resolve(process.cwd(), 'dist/conformance/cli.js');
 
 /** The kit's CLI as a user runs it (npm test builds dist/ first). */
-function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+function cli(args: string[], options: { cwd?: string; env?: Record<string, string> } = {}): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((done) =>
-    execFile(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH ?? '', NO_COLOR: '1' } }, (err, stdout, stderr) =>
+    execFile(process.execPath, [CLI, ...args], { cwd: options.cwd, env: { PATH: process.env.PATH ?? '', NO_COLOR: '1', ...options.env } }, (err, stdout, stderr) =>
       done({ code: err ? Number(err.code) : 0, stdout, stderr }),
     ),
   );
@@ -45,6 +47,45 @@ describe('the conformance kit: its input', () => {
     expect(() => validateConfig({ ...base, base: 'http://example.com' })).toThrow(ConfigError);
     expect(() => validateConfig({ ...base, base: 'http://127.0.0.1:1', callers: { a: {} } })).toThrow(/callers\.b/);
   });
+
+  it('refuses an unknown key or a wrong type by its name, at any depth', () => {
+    const valid = { base: 'http://127.0.0.1:1', operation: { method: 'POST', path: '/orders', body: {} }, callers: { a: {}, b: {} } };
+    expect(() => validateConfig({ ...valid, crsh: { kill: 'x', start: 'y' } })).toThrow(/^unknown key crsh \(known: base, operation, /);
+    expect(() => validateConfig({ ...valid, serverEror: {} })).toThrow(/^unknown key serverEror /);
+    expect(() => validateConfig({ ...valid, crash: { kill: 'x', start: 'y', retryWindow: 5 } })).toThrow(/^unknown key crash\.retryWindow \(known in crash: kill, start, keys, retryWindowMs\)/);
+    expect(() => validateConfig({ ...valid, parallel: '10' })).toThrow(/^parallel must be an integer from 2 to 32, got "10"/);
+    expect(() => validateConfig({ ...valid, crash: { kill: 'x', start: 'y', keys: 2.5 } })).toThrow(/^crash\.keys must be an integer/);
+    expect(() => validateConfig({ ...valid, callers: { a: { Authorization: 1 }, b: {} } })).toThrow(/^callers\.a must be an object of header names/);
+    expect(() => validateConfig({ ...valid, effects: { list: { items: 'items' } } })).toThrow(/^effects\.list\.path is required/);
+    expect(() => validateConfig({ ...valid, hold: {} })).toThrow(/^hold needs headers, a body or an arm command/);
+  });
+
+  it('--help lists every flag the parser takes; a flag it does not know is refused', async () => {
+    const flags = [...readFileSync(resolve(process.cwd(), 'conformance/config.ts'), 'utf8').matchAll(/'(--[a-z-]+)'/g)].map((m) => m[1]);
+    expect(flags.length).toBeGreaterThan(20);
+    for (const flag of new Set(flags)) expect({ flag, listed: USAGE.includes(flag) }).toEqual({ flag, listed: true });
+    const help = await cli(['--help']);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toContain('--timeout-ms MS');
+    expect(() => parseArgs(['--bse', 'http://127.0.0.1:1'])).toThrow(/^unknown argument --bse \(--help lists the options\)/);
+  });
+
+  it('the CLI: a config mistake exits 2 naming the key; a relative --config is read from where the user ran (INIT_CWD under npm run)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'conformance-config-'));
+    try {
+      const config = { base: 'http://127.0.0.1:1', operation: { method: 'POST', path: '/orders', body: {} }, callers: { a: {}, b: {} }, crash: { kill: 'true', start: 'true' } };
+      writeFileSync(join(dir, 'typo.json'), JSON.stringify({ ...config, crsh: {} }));
+      // npm run moves to the package's folder and says where the user was in INIT_CWD.
+      const typo = await cli(['--config', 'typo.json'], { cwd: process.cwd(), env: { INIT_CWD: dir } });
+      expect(typo).toMatchObject({ code: 2, stdout: '' });
+      expect(typo.stderr).toMatch(/^conformance: unknown key crsh \(known: /);
+      const missing = await cli(['--config', 'nowhere.json'], { cwd: dir });
+      expect(missing.code).toBe(2);
+      expect(missing.stderr).toBe(`conformance: --config nowhere.json: cannot read ${join(dir, 'nowhere.json')} (ENOENT)\n`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });
 
 describe('the conformance kit against the service', () => {
@@ -62,13 +103,49 @@ describe('the conformance kit against the service', () => {
     database = await createTestDatabase();
     db = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
     // A fixed port: the crash check restarts the service at the same base URL.
-    env = { DATABASE_URL: database.url, API_KEYS: `alice:${ALICE.secret},bob:${BOB.secret}`, PORT: String(await freePort()) };
+    // CONFORMANCE_HOOKS: the kit may hold a create after its writes (src/common/conformance-hold.ts), as in CI.
+    env = { DATABASE_URL: database.url, API_KEYS: `alice:${ALICE.secret},bob:${BOB.secret}`, PORT: String(await freePort()), CONFORMANCE_HOOKS: '1' };
     await start();
   }, PROCESS_TEST_TIMEOUT_MS);
   afterAll(async () => {
     await Promise.all(services.map((s) => s.kill('SIGKILL')));
     await db?.end();
     await database?.drop();
+  });
+
+  const targetFor = (only?: string[]) =>
+    resolveTarget(
+      validateConfig({
+        base: service.url,
+        operation: { method: 'POST', path: '/orders', body: order('conformance {{unique}}') },
+        callers: { a: { Authorization: bearer(ALICE) }, b: { Authorization: bearer(BOB) } },
+        effects: { list: { path: '/orders?limit=100', items: 'items', next: 'nextCursor', cursorParam: 'cursor' } },
+        hold: { headers: { 'Conformance-Hold': '3000' } },
+        openapi: '/docs-json',
+        only,
+      }),
+      { crash: { keys: 24, retryWindowMs: 30_000, kill: async () => void (await service.kill('SIGKILL')), start } },
+    );
+
+  it(
+    'crash-after-effect: killed while held after its writes, before COMMIT, 5 times out of 5 the retry makes the one order',
+    async () => {
+      for (let run = 1; run <= 5; run++) {
+        const { rows: before } = await db.query(`SELECT count(*)::int AS n FROM orders`);
+        const [result] = (await runConformance(targetFor(['crash-after-effect']))).results;
+        expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({ run, outcome: 'pass', detail: expect.stringMatching(/^killed inside the window \(answered 102 when held\); the retry 201 /) });
+        const { rows: after } = await db.query(`SELECT count(*)::int AS n FROM orders`);
+        expect(after[0].n - before[0].n).toBe(1);
+      }
+    },
+    PROCESS_TEST_TIMEOUT_MS * 2,
+  );
+
+  it('parallel-one-effect overlaps on purpose (the first held inside its transaction) and passes twice', async () => {
+    for (let run = 1; run <= 2; run++) {
+      const [result] = (await runConformance(targetFor(['parallel-one-effect']))).results;
+      expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({ run, outcome: 'pass', detail: expect.stringMatching(/1 effect\(s\); the others sent while the first was held \(answered 102 when held\)$/) });
+    }
   });
 
   it(
@@ -79,6 +156,7 @@ describe('the conformance kit against the service', () => {
         operation: { method: 'POST', path: '/orders', body: order('conformance {{unique}}') },
         callers: { a: { Authorization: bearer(ALICE) }, b: { Authorization: bearer(BOB) } },
         effects: { list: { path: '/orders?limit=100', items: 'items', next: 'nextCursor', cursorParam: 'cursor' } },
+        hold: { headers: { 'Conformance-Hold': '3000' } },
         openapi: '/docs-json',
       });
       const target = resolveTarget(config, {
@@ -92,6 +170,7 @@ describe('the conformance kit against the service', () => {
         },
         crash: {
           keys: 24,
+          retryWindowMs: 30_000,
           kill: async () => void (await service.kill('SIGKILL')),
           start,
         },

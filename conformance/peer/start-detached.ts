@@ -14,8 +14,10 @@ const env = { PATH: process.env.PATH, ...(JSON.parse(readFileSync(envFile, 'utf8
 const child = spawn(process.execPath, [entry], { env, stdio: ['ignore', out, out], detached: true });
 writeFileSync(pidFile, String(child.pid));
 child.unref();
+// An app that exits (a taken port, a bad setting) fails the start at once, not after the ready deadline.
+const exited = new Promise<never>((_, reject) => child.once('exit', (code, signal) => reject(new Error(`it exited (${signal ?? code}) before answering`))));
 try {
-  await waitUntilAnswering(new URL(readyUrl));
+  await Promise.race([waitUntilAnswering(new URL(readyUrl)), exited]);
 } catch (err) {
   child.kill('SIGKILL');
   throw new Error(`${entry} is not up (see ${logFile})`, { cause: err });

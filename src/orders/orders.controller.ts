@@ -28,6 +28,7 @@ import {
   VALIDATION_FAILED,
 } from '../common/api-problem-responses.js';
 import { ClientId } from '../common/client-id.decorator.js';
+import { holdForConformance } from '../common/conformance-hold.js';
 import { IdempotencyMetrics } from '#idempotency/internal';
 import { IdempotentEndpoint } from '../common/idempotent-endpoint.js';
 import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
@@ -184,6 +185,7 @@ export class OrdersController {
       submitToken === undefined
         ? await this.orders.createOrder(clientId, dto)
         : await this.submitTokens.consumeSubmitToken(clientId, submitToken, () => this.orders.createOrder(clientId, dto));
+    await holdForConformance(res);
     res.status(created ? HttpStatus.CREATED : HttpStatus.OK).header('Location', `/orders/${order.id}`).header('ETag', versionEtag(order.version));
     return order;
   }
