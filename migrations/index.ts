@@ -10,6 +10,7 @@ import { Webhooks1764414700000 } from './1764414700000-webhooks.js';
 import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbox.js';
 import { KeyRowHotUpdates1764414900000 } from './1764414900000-key-row-hot-updates.js';
 import { LateLandings1764415000000 } from './1764415000000-late-landings.js';
+import { OrderEventsOutbox1764415500000 } from './1764415500000-order-events-outbox.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -23,4 +24,5 @@ export const migrations = [
   PspWebhookOutbox1764414800000,
   KeyRowHotUpdates1764414900000,
   LateLandings1764415000000,
+  OrderEventsOutbox1764415500000,
 ];
