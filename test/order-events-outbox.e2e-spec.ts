@@ -134,6 +134,16 @@ describe('order events outbox: one event per change, written with it', () => {
     }
   });
 
+  it('AMQP_URL unset: /health says the relay is off (and stays 200), and the events wait unsent', async () => {
+    const id = (await create()).body.id as string;
+    const health = await request(t.url).get('/health');
+    expect(health.status).toBe(200);
+    expect(health.body).toMatchObject({ status: 'ok', orderEventsRelay: 'off' });
+    expect(await eventsOf(id)).toMatchObject([{ type: 'order.created', sent_at: null }]);
+    const { rows } = await t.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NOT NULL OR attempts > 0`);
+    expect(rows[0].n).toBe(0);
+  });
+
   it('the outbox rejects a second event for one version of an order (uq_order_events_outbox_order_version)', async () => {
     const id = (await create()).body.id as string;
     const [created] = await eventsOf(id);
