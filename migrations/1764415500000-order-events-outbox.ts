@@ -42,12 +42,17 @@ export class OrderEventsOutbox1764415500000 implements MigrationInterface {
     await queryRunner.query(`
       CREATE INDEX "ix_order_events_outbox_due" ON "order_events_outbox" ("available_at") WHERE "sent_at" IS NULL`);
     // The relays LISTEN on order_events_outbox: the NOTIFY rides with the inserting transaction and is delivered at
-    // its COMMIT (never for a rollback). A trigger, so every writer wakes them; once per statement, and only when
-    // the statement inserted a row (a conditional UPDATE that changed nothing inserts none).
+    // its COMMIT (never for a rollback). A trigger, so every writer wakes them; once per statement, only when the
+    // statement inserted a row (a conditional UPDATE that changed nothing inserts none), and only while a relay
+    // listens on this database (its connection's application_name): a transaction that NOTIFYs holds a lock global
+    // to the server through its COMMIT, so notifying commits are serialised. With no relay listening (AMQP_URL
+    // unset, or relays behind a transaction pooler, which poll) creates do not pay that.
     await queryRunner.query(`
       CREATE FUNCTION "notify_order_events_outbox"() RETURNS trigger LANGUAGE plpgsql AS $$
       BEGIN
-        IF EXISTS (SELECT 1 FROM inserted) THEN
+        IF EXISTS (SELECT 1 FROM inserted) AND EXISTS (
+          SELECT 1 FROM pg_stat_activity WHERE application_name = 'order-events-relay' AND datname = current_database()
+        ) THEN
           PERFORM pg_notify('order_events_outbox', '');
         END IF;
         RETURN NULL;

@@ -2,6 +2,12 @@ import type { Logger } from '@nestjs/common';
 import pg from 'pg';
 import { poolerSuspicion } from '../database/pooler-check.js';
 
+/**
+ * The listener's application_name: the outbox's trigger NOTIFYs only while a connection of this name is on the
+ * database (migration 1764415500000), so creates skip NOTIFY's server-wide commit lock when no relay listens.
+ */
+export const RELAY_LISTENER_NAME = 'order-events-relay';
+
 /** A LISTEN connection that dropped is opened again after this long (the relay polls fast meanwhile). */
 const RELISTEN_DELAY_MS = 1_000;
 
@@ -30,7 +36,7 @@ export async function listenForOutbox(
     if (!stopped) retry = setTimeout(() => void connect(), RELISTEN_DELAY_MS);
   };
   const connect = async (): Promise<boolean> => {
-    const next = new pg.Client({ connectionString: databaseUrl, application_name: 'order-events-listener' });
+    const next = new pg.Client({ connectionString: databaseUrl, application_name: RELAY_LISTENER_NAME });
     // A drop (database restart) emits 'error' and then 'end': heard once, by 'end'.
     next.on('error', (err) => logger.warn(`order events listener connection failed: ${err.message}`));
     next.on('notification', () => on.notified());
