@@ -21,6 +21,7 @@ export default {
     // package.json "imports": Jest does not read them; each lib's entry, as TypeScript source.
     '^#idempotency$': '<rootDir>/libs/idempotency/src/index.ts',
     '^#psp-sandbox$': '<rootDir>/libs/psp-sandbox/src/index.ts',
+    '^#outbox-relay$': '<rootDir>/libs/outbox-relay/src/index.ts',
   },
   transform: {
     '^.+\\.ts$': swc,

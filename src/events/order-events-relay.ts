@@ -2,11 +2,12 @@ import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } f
 import { type AmqpConnectionManager, type ChannelWrapper, connect } from 'amqp-connection-manager';
 import type { ConfirmChannel } from 'amqplib';
 import { Database } from '#idempotency';
+import { listenForNotifications, type NotificationListener, RelayLoop } from '#outbox-relay';
 import { type AppConfig, printableUrl } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
+import { poolerSuspicion } from '../database/pooler-check.js';
 import { OrderEventsMetrics } from './order-events-metrics.js';
-import { ORDER_EVENTS_CHANNEL, ORDER_EVENTS_EXCHANGE, type OrderEventMessage } from './order-events-outbox.js';
-import { listenForOutbox, type OutboxListener } from './outbox-listener.js';
+import { ORDER_EVENTS_CHANNEL, ORDER_EVENTS_EXCHANGE, type OrderEventMessage, RELAY_LISTENER_NAME } from './order-events-outbox.js';
 
 /** The database URL the relay LISTENs on (the embedded server's when DATABASE_URL is unset). */
 export const ORDER_EVENTS_DATABASE_URL = Symbol('ORDER_EVENTS_DATABASE_URL');
@@ -51,12 +52,13 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
   private readonly logger = new Logger('OrderEventsRelay');
   private connection: AmqpConnectionManager | undefined;
   private channel: ChannelWrapper | undefined;
-  private stopped = false;
-  private timer: NodeJS.Timeout | undefined;
-  private round: Promise<void> | undefined;
-  private listener: OutboxListener | undefined;
-  private listening = false;
-  private wokenDuringRound = false;
+  /** Rounds, wakes and the stop: the shape this relay shares with the sandbox's webhook relay (#outbox-relay). */
+  private readonly loop = new RelayLoop({
+    round: () => this.runRound(),
+    retryAfterErrorMs: POLL_INTERVAL_MS,
+    logger: { warn: (message) => this.logger.warn(message) },
+  });
+  private listener: NotificationListener | undefined;
   private brokerUp = false;
 
   constructor(
@@ -83,7 +85,7 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
       this.brokerUp = true;
       this.logger.log({ broker: printableUrl(amqpUrl) }, 'order events relay connected to RabbitMQ');
       // Up again: what waited meanwhile is due now.
-      this.wake();
+      this.loop.wake();
     });
     this.connection.on('disconnect', ({ err }) => {
       // Once per outage, not once per reconnect attempt.
@@ -99,51 +101,32 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
       setup: (channel: ConfirmChannel) => channel.assertExchange(ORDER_EVENTS_EXCHANGE, 'topic', { durable: true }).then(() => undefined),
     });
     this.channel.on('error', (err: Error) => this.logger.warn({ err: err.message }, 'order events channel setup failed'));
-    this.schedule(0);
+    this.loop.start();
     void this.startListening();
   }
 
   private async startListening(): Promise<void> {
     try {
-      const listener = await listenForOutbox(this.databaseUrl, ORDER_EVENTS_CHANNEL, this.logger, {
-        notified: () => this.wake(),
+      const listener = await listenForNotifications({
+        databaseUrl: this.databaseUrl,
+        channel: ORDER_EVENTS_CHANNEL,
+        // The outbox's trigger NOTIFYs only while a connection of this name is on the database.
+        applicationName: RELAY_LISTENER_NAME,
+        pooled: (port) => poolerSuspicion(this.databaseUrl, port) !== undefined,
+        warn: (message) => this.logger.warn(message),
+        notified: () => this.loop.wake(),
         listening: (up) => {
-          this.listening = up;
+          this.loop.listening = up;
           // Up again after a drop: notifications sent meanwhile are lost, so look now.
-          if (up) this.wake();
+          if (up) this.loop.wake();
         },
       });
-      if (this.stopped) return void (await listener.stop());
+      if (this.loop.stopping) return void (await listener.stop());
       this.listener = listener;
       if (!listener.available) this.logger.log(`order events relay polls every ${POLL_INTERVAL_MS} ms: a transaction pooler is in between, where LISTEN cannot work`);
     } catch (err) {
       this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events listener failed to start; polling');
     }
-  }
-
-  /** A row was committed (or may have been), or the broker is back: a round now, or right after the running one. */
-  private wake(): void {
-    if (this.stopped) return;
-    if (this.round) {
-      this.wokenDuringRound = true;
-      return;
-    }
-    clearTimeout(this.timer);
-    this.schedule(0);
-  }
-
-  /** Rounds never overlap: the next is scheduled when one ends. */
-  private schedule(delayMs: number): void {
-    if (this.stopped) return;
-    this.timer = setTimeout(() => {
-      this.timer = undefined;
-      this.round = this.runRound().then((next) => {
-        this.round = undefined;
-        const woken = this.wokenDuringRound;
-        this.wokenDuringRound = false;
-        this.schedule(woken ? 0 : next);
-      });
-    }, delayMs);
   }
 
   /** One round; never throws. Resolves with the wait until the next one. */
@@ -154,7 +137,7 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
       const due = await this.claimDue();
       if (due.length > 0) await this.publish(due);
       if (due.length === BATCH_SIZE) return 0;
-      return this.listening ? await this.untilNextDue() : POLL_INTERVAL_MS;
+      return this.loop.listening ? await this.untilNextDue() : POLL_INTERVAL_MS;
     } catch (err) {
       this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events relay round failed');
       return POLL_INTERVAL_MS;
@@ -237,10 +220,10 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
    * connection. Before the database pool closes (onApplicationShutdown), so the round's marks can still be written.
    */
   async onModuleDestroy(): Promise<void> {
-    this.stopped = true;
-    clearTimeout(this.timer);
+    // Synchronously no new round from here on; the running one is awaited below.
+    const rounds = this.loop.stop();
     await this.listener?.stop();
-    await this.round;
+    await rounds;
     await this.channel?.close().catch(() => undefined);
     await this.connection?.close().catch(() => undefined);
   }
