@@ -22,6 +22,7 @@ export default {
     '^#idempotency$': '<rootDir>/libs/idempotency/src/index.ts',
     '^#idempotency/internal$': '<rootDir>/libs/idempotency/src/internal.ts',
     '^#psp-sandbox$': '<rootDir>/libs/psp-sandbox/src/index.ts',
+    '^#outbox-relay$': '<rootDir>/libs/outbox-relay/src/index.ts',
   },
   transform: {
     '^.+\\.ts$': swc,

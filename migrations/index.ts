@@ -11,6 +11,7 @@ import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbo
 import { KeyRowHotUpdates1764414900000 } from './1764414900000-key-row-hot-updates.js';
 import { LateLandings1764415000000 } from './1764415000000-late-landings.js';
 import { UnreachedSweep1764415100000 } from './1764415100000-unreached-sweep.js';
+import { OrderEventsOutbox1764415500000 } from './1764415500000-order-events-outbox.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -25,4 +26,5 @@ export const migrations = [
   KeyRowHotUpdates1764414900000,
   LateLandings1764415000000,
   UnreachedSweep1764415100000,
+  OrderEventsOutbox1764415500000,
 ];

@@ -13,6 +13,7 @@ import { type AppConfig, LEASE_MARGIN_MS } from './config/app-config.js';
 import { APP_CONFIG, ConfigModule } from './config/config.module.js';
 import { DatabaseModule } from './database/database.module.js';
 import { typeormOptions } from './database/typeorm-options.js';
+import { OrderEventsModule } from './events/order-events.module.js';
 import { HealthModule } from './health/health.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
 import { Registry } from 'prom-client';
@@ -103,6 +104,8 @@ export class AppModule {
         DatabaseModule,
         ScheduleModule.forRoot(),
         MetricsModule,
+        // The order events' relay to RabbitMQ (AMQP_URL; off without it) and its metrics.
+        OrderEventsModule.forRoot({ databaseUrl }),
         HealthModule,
         OrdersModule,
         SubmitTokensModule,

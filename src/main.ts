@@ -4,7 +4,8 @@ import { createServer } from 'node:net';
 import { DataSource } from 'typeorm';
 import { StartupError } from './common/startup-error.js';
 import { applyMigrations } from './database/apply-migrations.js';
-import { ConfigError, DEV_API_CLIENT, loadConfig } from './config/app-config.js';
+import { ConfigError, DEV_API_CLIENT, loadConfig, printableUrl } from './config/app-config.js';
+import { ORDER_EVENTS_EXCHANGE } from './events/order-events-outbox.js';
 import { loadEnvFile } from './config/load-env-file.js';
 import { databaseAddress, openDatabaseServer } from './database/database-server.js';
 import { stopOnSignals, takeOverSignals } from './graceful-stop.js';
@@ -65,6 +66,9 @@ async function bootstrap(): Promise<void> {
     `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir} (port ${config.embeddedPgPort})` : `DATABASE_URL (${databaseAddress(database.url)})`}` +
       (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
     `  Swagger UI: ${url}/docs (OpenAPI at ${url}/docs-json)`,
+    config.amqpUrl
+      ? `  order events: published to AMQP_URL (${printableUrl(config.amqpUrl)}), exchange ${ORDER_EVENTS_EXCHANGE}`
+      : '  order events: relay off (AMQP_URL unset): events wait in the order_events_outbox table',
   ];
   if (config.usingDevApiKey) lines.push(`  dev API key for "Authorize": ${DEV_API_CLIENT.secret}  (client "${DEV_API_CLIENT.clientId}")`);
   console.log(lines.join('\n'));

@@ -220,6 +220,8 @@ describe('the service process on its embedded PostgreSQL', () => {
     const env = { EMBEDDED_PG_DIR: join(dir, 'pg'), EMBEDDED_PG_PORT: String(await freePort()) };
     service = await startServiceProcess(env);
     expect(service.output()).toContain('dev API key');
+    // npm start without AMQP_URL: no broker needed, and the banner says where the order events go (nowhere yet).
+    expect(service.output()).toContain('order events: relay off (AMQP_URL unset): events wait in the order_events_outbox table');
     const dev = { secret: 'dev-secret-change-me' };
     const created = await request(service.url).post('/orders').set('Authorization', bearer(dev)).set('Idempotency-Key', randomUUID()).send(order('survivor'));
     expect(created.status).toBe(201);

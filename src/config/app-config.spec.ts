@@ -31,6 +31,9 @@ const VARIABLES = [
   'PSP_WEBHOOK_URL',
   'PSP_WEBHOOK_DUPLICATES',
   'RECONCILE_INTERVAL_MS',
+  'AMQP_URL',
+  'ORDER_EVENTS_LEASE_MS',
+  'ORDER_EVENTS_RELAY_FAULT',
   'LOG_LEVEL',
 ];
 
@@ -94,6 +97,9 @@ describe('loadConfig: defaults', () => {
       pspWebhookDelivery: { to: 'self' },
       pspWebhookDuplicates: false,
       reconcileIntervalMs: 30_000,
+      amqpUrl: undefined,
+      orderEventsLeaseMs: 30_000,
+      orderEventsRelayFault: undefined,
       logLevel: 'info',
     });
   });
@@ -151,6 +157,9 @@ describe('loadConfig: defaults', () => {
       PSP_WEBHOOK_URL: 'http://localhost:8080/webhooks/psp',
       PSP_WEBHOOK_DUPLICATES: 'true',
       RECONCILE_INTERVAL_MS: '0',
+      AMQP_URL: 'amqp://mq.internal:5672',
+      ORDER_EVENTS_LEASE_MS: '60000',
+      ORDER_EVENTS_RELAY_FAULT: 'die-after-confirm',
       LOG_LEVEL: 'debug',
     });
     expect(config).toEqual({
@@ -181,6 +190,9 @@ describe('loadConfig: defaults', () => {
       pspWebhookDelivery: { to: 'url', url: 'http://localhost:8080/webhooks/psp' },
       pspWebhookDuplicates: true,
       reconcileIntervalMs: 0,
+      amqpUrl: 'amqp://mq.internal:5672',
+      orderEventsLeaseMs: 60_000,
+      orderEventsRelayFault: 'die-after-confirm',
       logLevel: 'debug',
     });
   });
@@ -268,6 +280,10 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['IDEMPOTENCY_LEASE_SECONDS', { IDEMPOTENCY_LEASE_SECONDS: '11' }],
     ['IDEMPOTENCY_LEASE_SECONDS', { PSP_MAX_ATTEMPTS: '10', IDEMPOTENCY_LEASE_SECONDS: '21' }],
     ['IDEMPOTENCY_LEASE_SECONDS', { PSP_TIMEOUT_MS: '30000' }],
+    ['AMQP_URL', { AMQP_URL: 'http://mq.internal' }],
+    ['AMQP_URL', { AMQP_URL: 'not a url' }],
+    ['ORDER_EVENTS_LEASE_MS', { ORDER_EVENTS_LEASE_MS: '5999' }],
+    ['ORDER_EVENTS_RELAY_FAULT', { ORDER_EVENTS_RELAY_FAULT: 'true' }],
     ['LOG_LEVEL', { LOG_LEVEL: 'loud' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '1' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '70000' }],
@@ -438,5 +454,23 @@ describe('loadConfig: every problem at once', () => {
   it('does not add a lease problem computed from an invalid attempt count or timeout', () => {
     expect(configError({ PSP_MAX_ATTEMPTS: 'five', IDEMPOTENCY_LEASE_SECONDS: '5' }).variables).toEqual(['PSP_MAX_ATTEMPTS']);
     expect(configError({ PSP_TIMEOUT_MS: '0', IDEMPOTENCY_LEASE_SECONDS: '5' }).variables).toEqual(['PSP_TIMEOUT_MS']);
+  });
+});
+
+describe('loadConfig: the order events relay', () => {
+  it('AMQP_URL: an amqp(s) URL turns the relay on; anything else is refused by name, its password hidden', () => {
+    expect(loadConfig({ AMQP_URL: 'amqp://guest:guest@localhost:5672' }).amqpUrl).toBe('amqp://guest:guest@localhost:5672');
+    expect(loadConfig({ AMQP_URL: 'amqps://u:p@mq.example.com' }).amqpUrl).toBe('amqps://u:p@mq.example.com');
+    const error = configError({ AMQP_URL: 'http://user:secret@mq.example.com' });
+    expect(error.variable).toBe('AMQP_URL');
+    expect(error.message).toContain('must use amqp: or amqps:');
+    expect(error.message).not.toContain('secret');
+  });
+
+  it('ORDER_EVENTS_LEASE_MS must outlast a publish confirm (at least 6000); the fault hook takes one word', () => {
+    expect(loadConfig({ ORDER_EVENTS_LEASE_MS: '6000' }).orderEventsLeaseMs).toBe(6_000);
+    expect(configError({ ORDER_EVENTS_LEASE_MS: '5000' }).variable).toBe('ORDER_EVENTS_LEASE_MS');
+    expect(loadConfig({ ORDER_EVENTS_RELAY_FAULT: 'die-after-confirm' }).orderEventsRelayFault).toBe('die-after-confirm');
+    expect(configError({ ORDER_EVENTS_RELAY_FAULT: 'yes' }).variable).toBe('ORDER_EVENTS_RELAY_FAULT');
   });
 });

@@ -69,6 +69,12 @@ export interface AppConfig {
   pspWebhookDuplicates: boolean;
   /** Period of the reconciler of unfinished payments and refunds; 0: it never runs. */
   reconcileIntervalMs: number;
+  /** AMQP_URL: the RabbitMQ the order events are published to. Unset: the relay is off and events wait in the outbox. */
+  amqpUrl?: string;
+  /** How long a relay's claim keeps an outbox row from the other relays; a row whose relay died is sent again after it. */
+  orderEventsLeaseMs: number;
+  /** Test-only fault: `die-after-confirm` kills the process between the broker's confirm and the row's mark. */
+  orderEventsRelayFault?: 'die-after-confirm';
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
@@ -151,7 +157,7 @@ function integer(env: Env, name: string, fallback: number, min: number, max: num
 }
 
 /** A URL as it may be printed: any password (or a value too broken to parse) is hidden. */
-function printableUrl(raw: string): string {
+export function printableUrl(raw: string): string {
   try {
     const parsed = new URL(raw);
     if (parsed.password) parsed.password = '***';
@@ -254,6 +260,14 @@ function reconcileInterval(env: Env): number {
   const ms = integer(env, 'RECONCILE_INTERVAL_MS', 30_000, 0, 86_400_000);
   if (ms !== 0 && ms < 100) return invalid(env, new ConfigError('RECONCILE_INTERVAL_MS', 'must be 0 (off) or from 100 to 86400000', String(ms)), ms);
   return ms;
+}
+
+/** Only for the at-least-once test: never set in a deployment (it kills the process on the first confirmed batch). */
+function relayFault(env: Env): AppConfig['orderEventsRelayFault'] {
+  const raw = env.ORDER_EVENTS_RELAY_FAULT;
+  if (raw === undefined || raw === '') return undefined;
+  if (raw !== 'die-after-confirm') return invalid(env, new ConfigError('ORDER_EVENTS_RELAY_FAULT', 'must be die-after-confirm or unset', raw), undefined);
+  return raw;
 }
 
 /** PgBouncer's default port: a URL on it with named statements left at their default is almost surely a mistake. */
@@ -390,6 +404,10 @@ function readConfig(env: Env): AppConfig {
     pspWebhookDuplicates: boolean(env, 'PSP_WEBHOOK_DUPLICATES', false),
     // 30 s: a payment stuck past its lease settles within about half a minute, at one cheap query per period.
     reconcileIntervalMs: reconcileInterval(env),
+    amqpUrl: url(env, 'AMQP_URL', ['amqp:', 'amqps:']),
+    // 30 s: far beyond a batch's publishes (each bounded by a 5 s confirm timeout), short enough after a crash.
+    orderEventsLeaseMs: integer(env, 'ORDER_EVENTS_LEASE_MS', 30_000, 6_000, 3_600_000),
+    orderEventsRelayFault: relayFault(env),
     logLevel: logLevel as AppConfig['logLevel'],
   };
 }

@@ -4,6 +4,7 @@ import { HealthCheck, type HealthCheckResult, HealthCheckService, TypeOrmHealthI
 import { Public } from '../common/api-key.guard.js';
 import { ApiProblems, UNSUPPORTED_MEDIA_TYPE } from '../common/api-problem-responses.js';
 import { ProblemException } from '../common/problem.js';
+import { OrderEventsRelay, type RelayState } from '../events/order-events-relay.js';
 
 /** A probe that waits longer than this calls the database down: a health check must answer fast, even during an outage. */
 const PING_TIMEOUT_MS = 1_000;
@@ -18,6 +19,12 @@ const HEALTH_INDICATORS: SchemaObject = {
   additionalProperties: { type: 'object', required: ['status'], properties: { status: { type: 'string', enum: ['up', 'down'] } } },
 };
 
+const ORDER_EVENTS_RELAY: SchemaObject = {
+  type: 'string',
+  enum: ['off', 'connected', 'disconnected'],
+  description: 'Whether order events are being published to RabbitMQ: off (AMQP_URL unset), connected, or disconnected (they wait in the outbox).',
+};
+
 /** Each check's status only: the driver's message (host, port, error text) is not for an unauthenticated endpoint. */
 const statusOnly = (indicators: HealthCheckResult['info']): Indicators =>
   Object.fromEntries(Object.entries(indicators ?? {}).map(([name, result]) => [name, { status: result?.status ?? 'down' }]));
@@ -29,6 +36,7 @@ export class HealthController {
   constructor(
     private readonly health: HealthCheckService,
     private readonly db: TypeOrmHealthIndicator,
+    private readonly relay: OrderEventsRelay,
   ) {}
 
   @Get()
@@ -40,7 +48,15 @@ export class HealthController {
     // Public (no API key): overrides the document's default bearer requirement.
     security: [],
   })
-  @ApiOkResponse({ description: 'The service and its database answer.', schema: { example: { status: 'ok', info: { database: { status: 'up' } }, error: {}, details: { database: { status: 'up' } } } } })
+  @ApiOkResponse({
+    description:
+      'The service and its database answer. `orderEventsRelay` says whether order events are being published to RabbitMQ: ' +
+      '`off` (AMQP_URL unset: they wait in the outbox), `connected`, or `disconnected` (they wait until the broker is back). ' +
+      'It never makes the answer a 503: the API works without the broker.',
+    schema: {
+      example: { status: 'ok', info: { database: { status: 'up' } }, error: {}, details: { database: { status: 'up' } }, orderEventsRelay: 'connected' },
+    },
+  })
   @ApiProblems(UNSUPPORTED_MEDIA_TYPE, {
     status: 503,
     description: 'The database does not answer. The problem carries the same `info`, `error` and `details` members as a 200, naming what is down.',
@@ -53,16 +69,21 @@ export class HealthController {
       info: {},
       error: { database: { status: 'down' } },
       details: { database: { status: 'down' } },
+      orderEventsRelay: 'connected',
     },
     members: {
       info: HEALTH_INDICATORS,
       error: HEALTH_INDICATORS,
       details: HEALTH_INDICATORS,
+      orderEventsRelay: ORDER_EVENTS_RELAY,
     },
   })
-  async check(): Promise<HealthCheckResult> {
+  async check(): Promise<HealthCheckResult & { orderEventsRelay: RelayState }> {
+    // Said, never a check: with the broker away the API still works (the outbox holds the events), so the relay's
+    // state must not take the instance out of a load balancer.
+    const orderEventsRelay = this.relay.state;
     try {
-      return await this.health.check([() => this.db.pingCheck('database', { timeout: PING_TIMEOUT_MS })]);
+      return { ...(await this.health.check([() => this.db.pingCheck('database', { timeout: PING_TIMEOUT_MS })])), orderEventsRelay };
     } catch (err) {
       // Terminus throws its result in a 503; the one filter writes problem+json, so it would lose which check is down.
       if (!(err instanceof ServiceUnavailableException)) throw err;
@@ -72,7 +93,7 @@ export class HealthController {
         'unhealthy',
         'Service unhealthy',
         `Down: ${Object.keys(error ?? {}).join(', ') || 'unknown'}.`,
-        { info: statusOnly(info), error: statusOnly(error), details: statusOnly(details) },
+        { info: statusOnly(info), error: statusOnly(error), details: statusOnly(details), orderEventsRelay },
         { 'Retry-After': String(DOWN_RETRY_AFTER_SECONDS) },
       );
     }

@@ -9,6 +9,7 @@ import { DEFAULT_PAGE_SIZE, type ListOrdersQuery } from './dto/list-orders.query
 import type { OrderPage, OrderView } from './dto/order.view.js';
 import type { OrderEventView } from './dto/order-event.view.js';
 import type { UpdateOrderDto } from './dto/update-order.dto.js';
+import { insertOrderEvents } from '../events/order-events-outbox.js';
 import { paymentInProgress } from '../payments/payment-problems.js';
 import { versionEtag } from './if-match.js';
 import { decodeCursor, encodeCursor } from './order-cursor.js';
@@ -46,8 +47,8 @@ const ORDER_COLUMNS = `
      FROM order_items i WHERE i.order_id = o.id) AS items`;
 
 /**
- * Inserts the order and its lines in one statement. ON CONFLICT on the natural key makes a
- * concurrent duplicate wait for the first insert's transaction and then insert nothing: the
+ * Inserts the order, its lines and its order.created event in one statement. ON CONFLICT on the natural key makes a
+ * concurrent duplicate wait for the first insert's transaction and then insert nothing (no order, no event): the
  * database, not a prior SELECT, decides which request created the order.
  */
 const INSERT_ORDER = `
@@ -60,6 +61,7 @@ const INSERT_ORDER = `
     INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_minor)
     SELECT o.id, l.line_no, l.sku, l.quantity, l.unit_price_minor
       FROM o, unnest($7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS l(sku, quantity, unit_price_minor, line_no)
+  ), created_event AS (${insertOrderEvents('o', '$1::text', 's.created_at')}
   )
   SELECT ${ORDER_TABLE_COLUMNS}, $10::json AS items FROM o`;
 
@@ -129,7 +131,8 @@ interface OrderEventRow {
 
 /**
  * Moves an order to $3 when its status is one of $4 and records the move: one statement, so
- * the history row exists exactly when the status changed. The UPDATE's WHERE decides.
+ * the history row and the outbox's event (order.paid, .cancelled, .refunded) exist exactly when
+ * the status changed. The UPDATE's WHERE decides.
  * `locked` only supplies the status being replaced: FOR UPDATE waits for a concurrent move and
  * returns the newest row, the one the UPDATE then changes; a plain self-join would report the
  * status in the statement's older snapshot (RETURNING OLD.status needs PostgreSQL 18).
@@ -147,6 +150,7 @@ export const TRANSITION_ORDER = `
   ), event AS (
     INSERT INTO order_events (order_id, from_status, to_status, created_at)
     SELECT id, from_status, status, clock_timestamp() FROM updated
+  ), outbox AS (${insertOrderEvents('updated', '$2::text', 'clock_timestamp()')}
   )
   SELECT * FROM updated`;
 

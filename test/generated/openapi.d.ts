@@ -777,6 +777,11 @@ export interface components {
                     status: "up" | "down";
                 };
             };
+            /**
+             * @description Whether order events are being published to RabbitMQ: off (AMQP_URL unset), connected, or disconnected (they wait in the outbox).
+             * @enum {string}
+             */
+            orderEventsRelay: "off" | "connected" | "disconnected";
         };
         /** @description The problem of type urn:idempotent-orders:problem:unauthorized (Unauthorized). */
         UnauthorizedProblem: {
@@ -1542,7 +1547,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The service and its database answer. */
+            /** @description The service and its database answer. `orderEventsRelay` says whether order events are being published to RabbitMQ: `off` (AMQP_URL unset: they wait in the outbox), `connected`, or `disconnected` (they wait until the broker is back). It never makes the answer a 503: the API works without the broker. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1618,7 +1623,8 @@ export interface operations {
                      *         "database": {
                      *           "status": "down"
                      *         }
-                     *       }
+                     *       },
+                     *       "orderEventsRelay": "connected"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["UnhealthyProblem"];

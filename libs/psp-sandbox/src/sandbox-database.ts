@@ -1,6 +1,7 @@
 import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
 import pg from 'pg';
 import { ProblemException } from '../../../src/common/problem.js';
+import { listenForNotifications } from '#outbox-relay';
 import { poolerSuspicion } from '../../../src/database/pooler-check.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 
@@ -14,9 +15,6 @@ const POOL_SIZE = 5;
 const CONNECT_WAIT_MS = 5_000;
 
 export type SandboxClient = Pick<pg.PoolClient, 'query'>;
-
-/** A LISTEN connection that dropped is opened again after this long (the relay polls fast meanwhile). */
-const RELISTEN_DELAY_MS = 1_000;
 
 /** What listen() reports: each notification, and whether the listener is up (false until it is, and after a drop). */
 export interface ListenHandlers {
@@ -104,56 +102,15 @@ export class SandboxDatabase implements OnApplicationShutdown {
    * that fails is retried like a drop, and `listening` says when it is up. stop() closes it for good.
    */
   async listen(channel: string, on: ListenHandlers): Promise<{ available: boolean; stop(): Promise<void> }> {
-    let client: pg.Client | undefined;
-    let retry: NodeJS.Timeout | undefined;
-    let stopped = false;
-    const connect = async (): Promise<boolean> => {
-      const next = new pg.Client({ connectionString: this.databaseUrl, application_name: 'psp-sandbox-listener' });
-      // A drop (database restart) emits 'error' and then 'end': heard once, by 'end'.
-      next.on('error', (err) => this.logger.warn(`psp webhook listener connection failed: ${err.message}`));
-      next.on('notification', () => on.notified());
-      try {
-        await next.connect();
-        const [{ port }] = (await next.query<{ port: number | null }>('SELECT inet_server_port() AS port')).rows;
-        if (poolerSuspicion(this.databaseUrl, port)) {
-          await next.end();
-          return false;
-        }
-        await next.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
-      } catch (err) {
-        this.logger.warn(`psp webhook listener could not start (${(err as Error).message}); polling until it can`);
-        await next.end().catch(() => undefined);
-        again();
-        return true;
-      }
-      if (stopped) {
-        await next.end();
-        return true;
-      }
-      client = next;
-      next.once('end', () => {
-        client = undefined;
-        on.listening(false);
-        again();
-      });
-      on.listening(true);
-      return true;
-    };
-    const again = () => {
-      if (stopped) return;
-      retry = setTimeout(() => void connect(), RELISTEN_DELAY_MS);
-    };
-    const available = await connect();
-    return {
-      available,
-      stop: async () => {
-        stopped = true;
-        clearTimeout(retry);
-        const open = client;
-        client = undefined;
-        await open?.end().catch(() => undefined);
-      },
-    };
+    return listenForNotifications({
+      databaseUrl: this.databaseUrl,
+      channel,
+      applicationName: 'psp-sandbox-listener',
+      pooled: (port) => poolerSuspicion(this.databaseUrl, port) !== undefined,
+      warn: (message) => this.logger.warn(message),
+      notified: () => on.notified(),
+      listening: (up) => on.listening(up),
+    });
   }
 
   /** After the HTTP server has stopped, so requests in flight finish their transactions first. */

@@ -2,6 +2,7 @@ import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } f
 import { HttpAdapterHost } from '@nestjs/core';
 import type { Server } from 'node:http';
 import { Webhook } from 'standardwebhooks';
+import { RelayLoop, retryDelayMs as backoffMs } from '#outbox-relay';
 import { SandboxDatabase } from './sandbox-database.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 import { OUTBOX_CHANNEL, type WebhookEventType } from './webhook-outbox.js';
@@ -38,9 +39,7 @@ const BACKLOG_LOG_INTERVAL_MS = 60_000;
  * events (or of many providers' instances) do not arrive in lockstep. Never above the cap.
  */
 export function retryDelayMs(failures: number, random: () => number = Math.random): number {
-  const exponent = Math.max(0, failures - 1);
-  const base = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** Math.min(exponent, 30));
-  return Math.round(base * (1 - 0.25 * random()));
+  return backoffMs(failures, { baseMs: BACKOFF_BASE_MS, capMs: BACKOFF_CAP_MS }, random);
 }
 
 interface DueEvent {
@@ -78,14 +77,14 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
   private readonly signer: Webhook;
   /** Aborts the sends in flight when the module stops, so app.close() does not wait out a slow receiver. */
   private readonly stopping = new AbortController();
-  private timer: NodeJS.Timeout | undefined;
-  private round: Promise<void> | undefined;
+  /** Rounds, wakes and the stop: the shape this relay shares with the order events relay (#outbox-relay). */
+  private readonly loop = new RelayLoop({
+    round: () => this.runRound(),
+    retryAfterErrorMs: POLL_INTERVAL_MS,
+    logger: { warn: (message) => this.logger.warn(message) },
+  });
   private started = false;
   private lastBacklogLog = 0;
-  /** True while the LISTEN connection is up: then the relay sleeps until a notification or the next due row. */
-  private listening = false;
-  /** A notification arrived during a round: go again as soon as it ends. */
-  private wokenDuringRound = false;
   private listener: { stop(): Promise<void> } | undefined;
 
   constructor(
@@ -110,7 +109,7 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
     }
     this.logger.log({ delivery: delivery.to === 'url' ? delivery.url : 'self', duplicates }, 'psp webhook relay started');
     this.started = true;
-    this.schedule(0);
+    this.loop.start();
     void this.startListening();
   }
 
@@ -118,11 +117,11 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
   private async startListening(): Promise<void> {
     try {
       const listener = await this.db.listen(OUTBOX_CHANNEL, {
-        notified: () => this.wake(),
+        notified: () => this.loop.wake(),
         listening: (up) => {
-          this.listening = up;
+          this.loop.listening = up;
           // Up again after a drop: notifications sent meanwhile are lost, so look now.
-          if (up) this.wake();
+          if (up) this.loop.wake();
         },
       });
       if (this.stopping.signal.aborted) return void (await listener.stop());
@@ -133,44 +132,21 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
     }
   }
 
-  /** A row was committed (or may have been): run a round now, or right after the one running. */
-  private wake(): void {
-    if (this.stopping.signal.aborted) return;
-    if (this.round) {
-      this.wokenDuringRound = true;
-      return;
-    }
-    clearTimeout(this.timer);
-    this.schedule(0);
-  }
-
   /** Stops polling, aborts the sends in flight and waits for their round to record the outcome: no timer survives. */
   async onModuleDestroy(): Promise<void> {
     this.stopping.abort();
-    clearTimeout(this.timer);
+    // Synchronously no new round from here on; the running one is awaited below.
+    const rounds = this.loop.stop();
     await this.listener?.stop();
-    await this.round;
+    await rounds;
   }
 
   /**
-   * The next round starts after this one ended: rounds never overlap. A full batch (or a notification during the
-   * round) means more is due: go again at once. Otherwise, listening: at the next row's due time (a retry's
-   * backoff, a duplicate's spread, a lease running out), at most FALLBACK_POLL_MS away; polling: POLL_INTERVAL_MS.
+   * One round; never throws (a failed round is logged and the next one tries again). Resolves with the wait until the
+   * next: a full batch (or a notification during the round, which the loop handles) means more is due, so at once.
+   * Otherwise, listening: at the next row's due time (a retry's backoff, a duplicate's spread, a lease running out),
+   * at most FALLBACK_POLL_MS away; polling: POLL_INTERVAL_MS.
    */
-  private schedule(delayMs: number): void {
-    if (this.stopping.signal.aborted) return;
-    this.timer = setTimeout(() => {
-      this.timer = undefined;
-      this.round = this.runRound().then((next) => {
-        this.round = undefined;
-        const woken = this.wokenDuringRound;
-        this.wokenDuringRound = false;
-        this.schedule(woken ? 0 : next);
-      });
-    }, delayMs);
-  }
-
-  /** One round; never throws (a failed round is logged and the next one tries again). Resolves with the wait until the next. */
   private async runRound(): Promise<number> {
     try {
       const url = this.targetUrl();
@@ -185,7 +161,7 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
       }
       await this.logBacklog();
       if (due.length === BATCH_SIZE) return 0;
-      return this.listening ? await this.untilNextDue() : POLL_INTERVAL_MS;
+      return this.loop.listening ? await this.untilNextDue() : POLL_INTERVAL_MS;
     } catch (err) {
       this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'psp webhook relay round failed');
       return POLL_INTERVAL_MS;

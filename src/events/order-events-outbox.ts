@@ -1,0 +1,55 @@
+/**
+ * The order events of the message contract (docs/patterns/transactional-outbox.md): written to order_events_outbox
+ * by the statement that makes the change, published by the relay (order-events-relay.ts).
+ */
+export const ORDER_EVENT_TYPES = ['order.created', 'order.paid', 'order.cancelled', 'order.refunded'] as const;
+export type OrderEventType = (typeof ORDER_EVENT_TYPES)[number];
+
+/** The topic exchange the relay publishes to; the routing key is the event type. */
+export const ORDER_EVENTS_EXCHANGE = 'orders.events';
+/** The channel the outbox's insert trigger NOTIFYs at commit (migration 1764415500000). */
+export const ORDER_EVENTS_CHANNEL = 'order_events_outbox';
+
+/**
+ * The relays' LISTEN connection's application_name: the outbox's trigger NOTIFYs only while a connection of this name
+ * is on the database (migration 1764415500000), so creates skip NOTIFY's server-wide commit lock when no relay listens.
+ */
+export const RELAY_LISTENER_NAME = 'order-events-relay';
+
+/** The message body, as stored in the outbox's payload and published unchanged. */
+export interface OrderEventMessage {
+  eventId: string;
+  type: OrderEventType;
+  orderId: string;
+  clientId: string;
+  /** The order's version after the change: it orders the events of one order. */
+  orderVersion: number;
+  totalMinor: number;
+  currency: string;
+  /** ISO-8601, UTC, milliseconds. */
+  occurredAt: string;
+}
+
+/** The statuses whose arrival is an event (`order.<status>`); shipped and delivered are not in the contract. */
+const STATUSES_WITH_EVENTS = ORDER_EVENT_TYPES.map((type) => `'${type.slice('order.'.length)}'`).join(', ');
+
+/**
+ * The body of a CTE that inserts the event of each row of `source` (an earlier CTE of the same statement returning
+ * the order's id, status, version, currency and total_minor after the change): the event commits with the change
+ * or not at all, in the change's own round trip. `clientId` is the SQL for the order's client (a parameter);
+ * `occurredAt` an expression over `s` or a clock. Event id and time are taken per row (a target list's volatile
+ * functions are evaluated per row).
+ */
+export function insertOrderEvents(source: string, clientId: string, occurredAt: string): string {
+  return `
+    INSERT INTO order_events_outbox (event_id, type, order_id, client_id, order_version, payload, created_at)
+    SELECT e.event_id, e.type, e.id, ${clientId}, e.version,
+           jsonb_build_object(
+             'eventId', e.event_id, 'type', e.type, 'orderId', e.id, 'clientId', ${clientId}, 'orderVersion', e.version,
+             'totalMinor', e.total_minor, 'currency', e.currency,
+             'occurredAt', to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
+           e.occurred_at
+      FROM (SELECT s.id, s.version, s.total_minor, s.currency, 'order.' || s.status AS type,
+                   gen_random_uuid() AS event_id, ${occurredAt} AS occurred_at
+              FROM ${source} s WHERE s.status IN (${STATUSES_WITH_EVENTS})) e`;
+}

@@ -1,0 +1,230 @@
+import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
+import { type AmqpConnectionManager, type ChannelWrapper, connect } from 'amqp-connection-manager';
+import type { ConfirmChannel } from 'amqplib';
+import { Database } from '#idempotency';
+import { listenForNotifications, type NotificationListener, RelayLoop } from '#outbox-relay';
+import { type AppConfig, printableUrl } from '../config/app-config.js';
+import { APP_CONFIG } from '../config/config.module.js';
+import { poolerSuspicion } from '../database/pooler-check.js';
+import { OrderEventsMetrics } from './order-events-metrics.js';
+import { ORDER_EVENTS_CHANNEL, ORDER_EVENTS_EXCHANGE, type OrderEventMessage, RELAY_LISTENER_NAME } from './order-events-outbox.js';
+
+/** The database URL the relay LISTENs on (the embedded server's when DATABASE_URL is unset). */
+export const ORDER_EVENTS_DATABASE_URL = Symbol('ORDER_EVENTS_DATABASE_URL');
+
+/** Without a listener (behind a transaction pooler, or while it is down) the relay looks for due rows this often. */
+export const POLL_INTERVAL_MS = 500;
+/** While listening: a commit's NOTIFY wakes the relay; this slow poll only catches a missed notification or a lease run out. */
+export const FALLBACK_POLL_MS = 10_000;
+/** Rows per round: enough to keep a confirm channel busy (publishes are pipelined, confirms arrive in bulk). */
+export const BATCH_SIZE = 200;
+/** A publish the broker has not confirmed in 5 s counts as failed: its row is due again (ORDER_EVENTS_LEASE_MS is longer). */
+export const PUBLISH_TIMEOUT_MS = 5_000;
+/** Retry of a row whose publish failed: 0.5 s · 2^(attempts-1), capped at 30 s, a quarter of jitter (SQL below). */
+const BACKOFF_BASE_MS = 500;
+const BACKOFF_CAP_MS = 30_000;
+/** amqp-connection-manager's pause between connection attempts to a broker that is down. */
+const RECONNECT_SECONDS = 1;
+
+export type RelayState = 'off' | 'connected' | 'disconnected';
+
+interface DueEvent {
+  event_id: string;
+  type: string;
+  payload: OrderEventMessage;
+  created_at: Date;
+}
+
+/**
+ * Publishes the order events' outbox (migration 1764415500000) to RabbitMQ, at least once: the topic exchange
+ * orders.events, routing key = type, persistent, messageId = event id, on a confirm channel. A row is marked sent
+ * only after the broker's confirm; a crash between the confirm and the mark publishes it again (consumers dedupe
+ * on messageId). docs/patterns/transactional-outbox.md says why each step is where it is.
+ *
+ * Rows are LEASED, not locked across the publishes: one statement claims a batch with FOR UPDATE SKIP LOCKED and
+ * pushes available_at ORDER_EVENTS_LEASE_MS ahead, and commits; the publishes run with no transaction open. Several
+ * instances share the work (each due row goes to one of them); a dead relay's rows are due again when the lease ends.
+ * amqp-connection-manager reconnects after a broker restart; a publish not confirmed within PUBLISH_TIMEOUT_MS
+ * (the broker went away mid-batch) is released with a short backoff and sent again on the new connection.
+ */
+@Injectable()
+export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
+  private readonly logger = new Logger('OrderEventsRelay');
+  private connection: AmqpConnectionManager | undefined;
+  private channel: ChannelWrapper | undefined;
+  /** Rounds, wakes and the stop: the shape this relay shares with the sandbox's webhook relay (#outbox-relay). */
+  private readonly loop = new RelayLoop({
+    round: () => this.runRound(),
+    retryAfterErrorMs: POLL_INTERVAL_MS,
+    logger: { warn: (message) => this.logger.warn(message) },
+  });
+  private listener: NotificationListener | undefined;
+  private brokerUp = false;
+
+  constructor(
+    private readonly db: Database,
+    private readonly metrics: OrderEventsMetrics,
+    @Inject(APP_CONFIG) private readonly config: AppConfig,
+    @Inject(ORDER_EVENTS_DATABASE_URL) private readonly databaseUrl: string,
+  ) {}
+
+  /** off: AMQP_URL unset (events wait in the outbox); else whether the broker connection is up right now. */
+  get state(): RelayState {
+    if (!this.config.amqpUrl) return 'off';
+    return this.brokerUp ? 'connected' : 'disconnected';
+  }
+
+  onModuleInit(): void {
+    const { amqpUrl } = this.config;
+    if (!amqpUrl) {
+      this.logger.log('order events relay off (AMQP_URL unset): events wait in order_events_outbox');
+      return;
+    }
+    this.connection = connect([amqpUrl], { reconnectTimeInSeconds: RECONNECT_SECONDS, heartbeatIntervalInSeconds: 5 });
+    this.connection.on('connect', () => {
+      this.brokerUp = true;
+      this.logger.log({ broker: printableUrl(amqpUrl) }, 'order events relay connected to RabbitMQ');
+      // Up again: what waited meanwhile is due now.
+      this.loop.wake();
+    });
+    this.connection.on('disconnect', ({ err }) => {
+      // Once per outage, not once per reconnect attempt.
+      if (this.brokerUp) this.logger.warn({ err: err?.message }, 'order events relay lost RabbitMQ; events wait in the outbox');
+      this.brokerUp = false;
+    });
+    this.connection.on('connectFailed', ({ err }) => this.logger.debug({ err: err?.message }, 'order events relay could not reach RabbitMQ'));
+    this.channel = this.connection.createChannel({
+      name: 'order-events',
+      confirm: true,
+      publishTimeout: PUBLISH_TIMEOUT_MS,
+      // Run on every (re)connect: the exchange is the contract's, asserted by both sides (idempotent).
+      setup: (channel: ConfirmChannel) => channel.assertExchange(ORDER_EVENTS_EXCHANGE, 'topic', { durable: true }).then(() => undefined),
+    });
+    this.channel.on('error', (err: Error) => this.logger.warn({ err: err.message }, 'order events channel setup failed'));
+    this.loop.start();
+    void this.startListening();
+  }
+
+  private async startListening(): Promise<void> {
+    try {
+      const listener = await listenForNotifications({
+        databaseUrl: this.databaseUrl,
+        channel: ORDER_EVENTS_CHANNEL,
+        // The outbox's trigger NOTIFYs only while a connection of this name is on the database.
+        applicationName: RELAY_LISTENER_NAME,
+        pooled: (port) => poolerSuspicion(this.databaseUrl, port) !== undefined,
+        warn: (message) => this.logger.warn(message),
+        notified: () => this.loop.wake(),
+        listening: (up) => {
+          this.loop.listening = up;
+          // Up again after a drop: notifications sent meanwhile are lost, so look now.
+          if (up) this.loop.wake();
+        },
+      });
+      if (this.loop.stopping) return void (await listener.stop());
+      this.listener = listener;
+      if (!listener.available) this.logger.log(`order events relay polls every ${POLL_INTERVAL_MS} ms: a transaction pooler is in between, where LISTEN cannot work`);
+    } catch (err) {
+      this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events listener failed to start; polling');
+    }
+  }
+
+  /** One round; never throws. Resolves with the wait until the next one. */
+  private async runRound(): Promise<number> {
+    try {
+      // Nothing is claimed while the broker is away: the 'connect' event wakes the relay when it is back.
+      if (!this.brokerUp || !this.channel) return FALLBACK_POLL_MS;
+      const due = await this.claimDue();
+      if (due.length > 0) await this.publish(due);
+      if (due.length === BATCH_SIZE) return 0;
+      return this.loop.listening ? await this.untilNextDue() : POLL_INTERVAL_MS;
+    } catch (err) {
+      this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events relay round failed');
+      return POLL_INTERVAL_MS;
+    }
+  }
+
+  /** Claims and leases up to BATCH_SIZE due rows in one statement (its own transaction), oldest due first. */
+  private claimDue(): Promise<DueEvent[]> {
+    return this.db.query<DueEvent>(
+      `UPDATE order_events_outbox o
+          SET available_at = now() + $2::int * interval '1 millisecond', attempts = o.attempts + 1
+         FROM (SELECT event_id FROM order_events_outbox
+                WHERE sent_at IS NULL AND available_at <= now()
+                ORDER BY available_at, created_at
+                LIMIT $1
+                FOR UPDATE SKIP LOCKED) due
+        WHERE o.event_id = due.event_id
+        RETURNING o.event_id, o.type, o.payload, o.created_at`,
+      [BATCH_SIZE, this.config.orderEventsLeaseMs],
+    );
+  }
+
+  /** Publishes a batch (pipelined on the confirm channel), then marks what was confirmed and releases what was not. */
+  private async publish(due: DueEvent[]): Promise<void> {
+    const channel = this.channel!;
+    const outcomes = await Promise.allSettled(
+      due.map((event) =>
+        channel.publish(ORDER_EVENTS_EXCHANGE, event.type, Buffer.from(JSON.stringify(event.payload)), {
+          persistent: true,
+          contentType: 'application/json',
+          messageId: event.event_id,
+          type: event.type,
+          timestamp: Math.floor(event.created_at.getTime() / 1000),
+        }),
+      ),
+    );
+    const confirmed = due.filter((_, i) => outcomes[i].status === 'fulfilled');
+    const failed = due.flatMap((event, i) => {
+      const outcome = outcomes[i];
+      return outcome.status === 'rejected' ? [{ event, error: outcome.reason instanceof Error ? outcome.reason.message : String(outcome.reason) }] : [];
+    });
+    if (confirmed.length > 0 && this.config.orderEventsRelayFault === 'die-after-confirm') {
+      // The at-least-once test's crash: the broker has these messages, the outbox does not know it.
+      this.logger.error({ confirmed: confirmed.length }, 'ORDER_EVENTS_RELAY_FAULT=die-after-confirm: dying before marking the confirmed rows sent');
+      process.kill(process.pid, 'SIGKILL');
+    }
+    this.metrics.published.inc({ result: 'confirmed' }, confirmed.length);
+    this.metrics.published.inc({ result: 'failed' }, failed.length);
+    const now = Date.now();
+    for (const event of confirmed) this.metrics.lag.observe((now - event.created_at.getTime()) / 1000);
+    if (confirmed.length > 0) {
+      await this.db.query(`UPDATE order_events_outbox SET sent_at = now(), last_error = NULL WHERE event_id = ANY($1::uuid[]) AND sent_at IS NULL`, [
+        confirmed.map((e) => e.event_id),
+      ]);
+    }
+    if (failed.length > 0) {
+      await this.db.query(
+        `UPDATE order_events_outbox o
+            SET available_at = now() + least($3::int, $2::int * power(2, least(o.attempts - 1, 16)))
+                                       * (1 - 0.25 * random()) * interval '1 millisecond',
+                last_error = f.error
+           FROM unnest($1::uuid[], $4::text[]) AS f(event_id, error)
+          WHERE o.event_id = f.event_id AND o.sent_at IS NULL`,
+        [failed.map((f) => f.event.event_id), BACKOFF_BASE_MS, BACKOFF_CAP_MS, failed.map((f) => f.error)],
+      );
+      this.logger.warn({ failed: failed.length, error: failed[0].error }, 'order events not confirmed by RabbitMQ; due again after a backoff');
+    }
+  }
+
+  /** ms until the earliest unsent row is due (0 if one is due now), capped at FALLBACK_POLL_MS. */
+  private async untilNextDue(): Promise<number> {
+    const [next] = await this.db.query<{ ms: number | null }>(
+      `SELECT ceil(extract(epoch FROM min(available_at) - now()) * 1000)::int AS ms FROM order_events_outbox WHERE sent_at IS NULL`,
+    );
+    return next.ms === null ? FALLBACK_POLL_MS : Math.min(FALLBACK_POLL_MS, Math.max(0, next.ms));
+  }
+
+  /**
+   * Stops the rounds, waits for the running one (its confirmed rows get marked), then closes the channel and the
+   * connection. Before the database pool closes (onApplicationShutdown), so the round's marks can still be written.
+   */
+  async onModuleDestroy(): Promise<void> {
+    // Synchronously no new round from here on; the running one is awaited below.
+    const rounds = this.loop.stop();
+    await this.listener?.stop();
+    await rounds;
+    await this.channel?.close().catch(() => undefined);
+    await this.connection?.close().catch(() => undefined);
+  }
+}
