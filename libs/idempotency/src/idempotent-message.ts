@@ -87,6 +87,9 @@ export function deliveryAttempt(message: AmqpMessage): number {
   return (Number.isSafeInteger(count) && count >= 0 ? count : 0) + 1;
 }
 
+/** The claim ($1 consumer, $2 message id): a row back means this delivery is the first and goes on to the effect. */
+export const claimMessageStatement = (table: string) => `INSERT INTO ${table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1`;
+
 @Injectable()
 export class IdempotentMessageInterceptor implements NestInterceptor {
   private readonly logger = new Logger('IdempotentMessage');
@@ -120,7 +123,7 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
     try {
       const applied = await this.db.transaction(async () => {
         // The claim first: a concurrent delivery of the same id waits here for this transaction, then sees the mark.
-        const claimed = await this.db.query(`INSERT INTO ${table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1`, [consumer, messageId]);
+        const claimed = await this.db.query(claimMessageStatement(table), [consumer, messageId]);
         if (claimed.length === 0) return false;
         await lastValueFrom(next.handle(), { defaultValue: undefined });
         return true;

@@ -28,4 +28,4 @@ export * from './pg-errors.js';
 export { canonicalJson } from './canonical-json.js';
 export { deleteInBatches } from './delete-in-batches.js';
 export { monotonicNow } from './monotonic-clock.js';
-export { createProcessedMessagesTable, IDEMPOTENT_MESSAGE_DEFAULTS, IdempotentMessage, type IdempotentMessageDefaults, IdempotentMessageInterceptor, type IdempotentMessageOptions, reapProcessedMessages } from './idempotent-message.js';
+export { claimMessageStatement, createProcessedMessagesTable, IDEMPOTENT_MESSAGE_DEFAULTS, IdempotentMessage, type IdempotentMessageDefaults, IdempotentMessageInterceptor, type IdempotentMessageOptions, reapProcessedMessages } from './idempotent-message.js';
