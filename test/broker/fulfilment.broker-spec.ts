@@ -6,7 +6,7 @@
 import { randomUUID } from 'node:crypto';
 import { resolve } from 'node:path';
 import { connect } from 'amqplib';
-import { Pool } from 'pg';
+import { type PoolClient, Pool } from 'pg';
 import { freePort } from '../../src/common/free-port';
 import { type RabbitMq, startRabbitMq } from '../support/rabbitmq';
 import { type ServiceProcess, startServiceProcess } from '../support/service-process';
@@ -147,6 +147,52 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     expect(b.applied ?? 0).toBeGreaterThan(0);
     expect(await shipments(events.map((e) => e.orderId))).toBe(300);
     await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+  }, 120_000);
+
+  it('a crash between the COMMIT and the ack (the connection cut while the effect commits): redelivered, found by its mark, acked, one effect', async () => {
+    const consumer = await startConsumer();
+    const event = orderEvent('order.paid', randomUUID(), 2);
+    // The consumer's upsert will wait behind this uncommitted row of the same order: its mark is claimed, its delivery unacked.
+    const blocker: PoolClient = await db.connect();
+    try {
+      await blocker.query('BEGIN');
+      await blocker.query(`INSERT INTO fulfilment.shipments (order_id, client_id, status, total_minor, currency, order_version) VALUES ($1, 'x', 'pending', 0, 'EUR', 1)`, [event.orderId]);
+      publisher.publish(event);
+      await publisher.confirmed();
+      const waiting = () => count(`SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'`);
+      await until('the consumer waits on the order', 30_000, async () => (await waiting()) === 1);
+
+      // The cut: the broker takes the delivery back (and redelivers it on the consumer's new connection) …
+      await broker.closeAllConnections();
+      // Redelivered on the consumer's new connection, its claim now waits on the first transaction's mark.
+      await until('the redelivery waits on the mark', 30_000, async () => (await waiting()) === 2);
+    } finally {
+      // … and only then may the first transaction go on and COMMIT; its ack goes to a channel that is gone.
+      await blocker.query('ROLLBACK');
+      blocker.release();
+    }
+    publisher = await orderEventsPublisher(broker.url);
+
+    await until('the redelivery settled', 30_000, async () => (await outcomes(consumer)).duplicate === 1);
+    expect(await outcomes(consumer)).toEqual({ duplicate: 1 });
+    expect(consumer.output()).toContain('could not settle the message');
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = $1`, [event.eventId])).toBe(1);
+    const { rows } = await db.query(`SELECT status, order_version FROM fulfilment.shipments WHERE order_id = $1`, [event.orderId]);
+    expect(rows).toEqual([{ status: 'pending', order_version: 2 }]);
+    await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+  }, 120_000);
+
+  it('the reaper deletes marks older than FULFILMENT_MARK_RETENTION_HOURS, keeps the rest', async () => {
+    const [old, recent] = [randomUUID(), randomUUID()];
+    await db.query(
+      `INSERT INTO fulfilment.processed_messages (consumer, message_id, processed_at) VALUES
+         ('fulfilment', $1, now() - interval '25 hours'), ('fulfilment', $2, now() - interval '23 hours')`,
+      [old, recent],
+    );
+    await startConsumer({ FULFILMENT_MARK_RETENTION_HOURS: '24' });
+    const left = () => db.query<{ message_id: string }>(`SELECT message_id FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [[old, recent]]);
+    await until('the old mark reaped', 30_000, async () => (await left()).rows.length === 1);
+    expect((await left()).rows).toEqual([{ message_id: recent }]);
   }, 120_000);
 
   it(`a poison message is dead-lettered after ${MAX_ATTEMPTS} attempts (logged, counted) while the others flow`, async () => {

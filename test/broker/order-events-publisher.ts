@@ -38,7 +38,10 @@ export interface OrderEventsPublisher {
 
 export async function orderEventsPublisher(url: string): Promise<OrderEventsPublisher> {
   const connection: ChannelModel = await connect(url);
+  // A test that cuts connections (the harness's closeAllConnections) makes amqplib emit 'error': expected, not a crash.
+  connection.on('error', () => undefined);
   const channel: ConfirmChannel = await connection.createConfirmChannel();
+  channel.on('error', () => undefined);
   await channel.assertExchange('orders.events', 'topic', { durable: true });
   const send = (type: string, messageId: string, body: Buffer) =>
     channel.publish('orders.events', type, body, {
@@ -53,8 +56,8 @@ export async function orderEventsPublisher(url: string): Promise<OrderEventsPubl
     publishRaw: send,
     confirmed: () => channel.waitForConfirms(),
     close: async () => {
-      await channel.close();
-      await connection.close();
+      await channel.close().catch(() => undefined);
+      await connection.close().catch(() => undefined);
     },
   };
 }

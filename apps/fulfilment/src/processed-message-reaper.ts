@@ -20,6 +20,8 @@ export class ProcessedMessageReaper implements OnApplicationBootstrap, OnApplica
   ) {}
 
   onApplicationBootstrap(): void {
+    // Once at start too: an instance restarted more often than the interval still reaps.
+    void this.reapOnSchedule();
     this.timer = setInterval(() => void this.reapOnSchedule(), REAP_INTERVAL_MS);
     this.timer.unref();
   }
