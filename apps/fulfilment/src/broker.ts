@@ -24,6 +24,13 @@ export class OrderEventDeserializer {
 }
 
 /**
+ * The queue's own limit on deliveries, fixed: a queue's arguments cannot change once it exists (a different value
+ * makes every later assertQueue fail with PRECONDITION_FAILED), so it is not the configurable
+ * FULFILMENT_MAX_ATTEMPTS, which the handler applies first and which config caps below this.
+ */
+export const DELIVERY_LIMIT_BACKSTOP = 20;
+
+/**
  * The consumer's queue: a QUORUM queue, because it counts deliveries itself (`x-delivery-count`, kept across
  * consumer crashes and restarts) and stops a message after `x-delivery-limit` returns — a backstop for a message
  * that kills the process before the handler can dead-letter it. Failures go to the dead-letter exchange.
@@ -36,7 +43,7 @@ export function rmqTransport(config: FulfilmentConfig): RmqOptions {
       queue: ORDER_EVENTS_QUEUE,
       queueOptions: {
         durable: true,
-        arguments: { 'x-queue-type': 'quorum', 'x-dead-letter-exchange': DEAD_LETTER_EXCHANGE, 'x-delivery-limit': config.maxAttempts },
+        arguments: { 'x-queue-type': 'quorum', 'x-dead-letter-exchange': DEAD_LETTER_EXCHANGE, 'x-delivery-limit': DELIVERY_LIMIT_BACKSTOP },
       },
       // The handler's layer acks, after its COMMIT (@IdempotentMessage); never the transport on delivery.
       noAck: false,

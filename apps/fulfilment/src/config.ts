@@ -57,7 +57,8 @@ export function loadFulfilmentConfig(env: Env = process.env): FulfilmentConfig {
     amqpUrl: url(env, 'AMQP_URL', ['amqp:', 'amqps:'], 'amqp://guest:guest@127.0.0.1:5672', problems),
     port: integer(env, 'PORT', 3002, 0, 65_535, problems),
     prefetch: integer(env, 'FULFILMENT_PREFETCH', 20, 1, 1_000, problems),
-    maxAttempts: integer(env, 'FULFILMENT_MAX_ATTEMPTS', 5, 1, 100, problems),
+    // At most the queue's fixed delivery limit (broker.ts), which must stay the backstop behind it.
+    maxAttempts: integer(env, 'FULFILMENT_MAX_ATTEMPTS', 5, 1, 20, problems),
     // Seven days by default: longer than anything can redeliver or republish an event (the reasoning is in the doc).
     markRetentionHours: integer(env, 'FULFILMENT_MARK_RETENTION_HOURS', 168, 1, 24 * 365, problems),
     databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 10, 1, 500, problems),
