@@ -4,6 +4,7 @@
  * dead-lettered after N attempts while the rest flow; events of one order applied by version, not arrival.
  */
 import { randomUUID } from 'node:crypto';
+import { connect as connectTcp, createServer, type Server, type Socket } from 'node:net';
 import { resolve } from 'node:path';
 import { connect } from 'amqplib';
 import { type PoolClient, Pool } from 'pg';
@@ -25,6 +26,39 @@ const until = async (what: string, deadlineMs: number, done: () => Promise<boole
     await new Promise((r) => setTimeout(r, 20));
   }
 };
+
+/**
+ * A TCP relay in front of PostgreSQL: `cut()` closes it and every connection through it (the database is unreachable
+ * to whoever uses it, ECONNREFUSED on connect), `restore()` listens again on the same port.
+ */
+async function databaseRelay(target: URL): Promise<{ url: string; cut(): Promise<void>; restore(): Promise<void> }> {
+  const port = await freePort();
+  const sockets = new Set<Socket>();
+  let server: Server | undefined;
+  const restore = () =>
+    new Promise<void>((listening) => {
+      server = createServer((client) => {
+        const upstream = connectTcp(Number(target.port), target.hostname);
+        for (const s of [client, upstream]) {
+          sockets.add(s);
+          s.on('error', () => undefined);
+          s.on('close', () => (sockets.delete(s), client.destroy(), upstream.destroy()));
+        }
+        client.pipe(upstream).pipe(client);
+      });
+      server.listen(port, '127.0.0.1', listening);
+    });
+  const cut = async () => {
+    const closed = new Promise((done) => server?.close(done));
+    for (const s of sockets) s.destroy();
+    await closed;
+  };
+  await restore();
+  const url = new URL(target);
+  url.hostname = '127.0.0.1';
+  url.port = String(port);
+  return { url: url.toString(), cut, restore };
+}
 
 /** `idempotent_messages_total` of one consumer process, by outcome. */
 async function outcomes(consumer: ServiceProcess): Promise<Record<string, number>> {
@@ -165,13 +199,16 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
       // The cut: the broker takes the delivery back (and redelivers it on the consumer's new connection) …
       await broker.closeAllConnections();
       // Redelivered on the consumer's new connection, its claim now waits on the first transaction's mark.
-      await until('the redelivery waits on the mark', 30_000, async () => (await waiting()) === 2);
+      await until('the redelivery waits on the mark', 60_000, async () => (await waiting()) >= 2).catch((err: Error) => {
+        throw new Error(`${err.message}\n${consumer.output()}`);
+      });
     } finally {
       // … and only then may the first transaction go on and COMMIT; its ack goes to a channel that is gone.
       await blocker.query('ROLLBACK');
       blocker.release();
+      // The cut closed the test's publisher too.
+      publisher = await orderEventsPublisher(broker.url);
     }
-    publisher = await orderEventsPublisher(broker.url);
 
     await until('the redelivery settled', 30_000, async () => (await outcomes(consumer)).duplicate === 1);
     expect(await outcomes(consumer)).toEqual({ duplicate: 1 });
@@ -180,6 +217,37 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     const { rows } = await db.query(`SELECT status, order_version FROM fulfilment.shipments WHERE order_id = $1`, [event.orderId]);
     expect(rows).toEqual([{ status: 'pending', order_version: 2 }]);
     await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+  }, 120_000);
+
+  it('the database unreachable for 3 s under load: deliveries are held, not retried away or dead-lettered; all applied after', async () => {
+    const relay = await databaseRelay(new URL(database.url));
+    try {
+      const consumer = await startConsumer({ DATABASE_URL: relay.url });
+      const events = Array.from({ length: 60 }, () => orderEvent('order.paid', randomUUID(), 2));
+      events.slice(0, 20).forEach((event) => publisher.publish(event));
+      await publisher.confirmed();
+      await until('the first events applied', 30_000, async () => (await shipments(events.map((e) => e.orderId))) === 20);
+
+      await relay.cut();
+      events.slice(20).forEach((event) => publisher.publish(event));
+      await publisher.confirmed();
+      // Held deliveries tried more often, all told, than MAX_ATTEMPTS each: a consumer that counted these failures
+      // against the messages would have dead-lettered them by now.
+      const held = () => consumer.output().split('database unavailable: the message is held').length - 1;
+      await until('the held deliveries retried', 30_000, () => Promise.resolve(held() >= 20 * (MAX_ATTEMPTS + 1)));
+      await relay.restore();
+
+      await until('all 60 applied', 60_000, async () => (await shipments(events.map((e) => e.orderId))) === 60);
+      await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+      expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
+      const seen = await outcomes(consumer);
+      expect(seen.applied).toBe(60);
+      expect(seen['dead-lettered'] ?? 0).toBe(0);
+      expect(seen.retried ?? 0).toBe(0);
+    } finally {
+      await stopConsumers();
+      await relay.cut();
+    }
   }, 120_000);
 
   it('the reaper deletes marks older than FULFILMENT_MARK_RETENTION_HOURS, keeps the rest', async () => {

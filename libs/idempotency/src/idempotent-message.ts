@@ -3,7 +3,8 @@ import { Reflector } from '@nestjs/core';
 import { Counter, type Registry } from 'prom-client';
 import { from, lastValueFrom, type Observable } from 'rxjs';
 import type { QueryRunner } from 'typeorm';
-import { Database } from './database.js';
+import { Database, PoolExhaustedError } from './database.js';
+import { isDatabaseUnavailable, isTransientConflict } from './pg-errors.js';
 import { deleteInBatches } from './delete-in-batches.js';
 import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 
@@ -18,6 +19,9 @@ import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempote
  */
 
 export const IDEMPOTENT_MESSAGE = Symbol('IDEMPOTENT_MESSAGE');
+// Backoff while the database is unavailable: quick for a blip, at most one try per 5 s per held message during an outage.
+const HOLD_FIRST_MS = 100;
+const HOLD_MAX_MS = 5_000;
 const IDENTIFIER = /^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$/;
 
 /** What the layer needs of the transport's context: RmqContext of @nestjs/microservices has exactly these. */
@@ -121,18 +125,37 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
       return;
     }
     try {
-      const applied = await this.db.transaction(async () => {
-        // The claim first: a concurrent delivery of the same id waits here for this transaction, then sees the mark.
-        const claimed = await this.db.query(claimMessageStatement(table), [consumer, messageId]);
-        if (claimed.length === 0) return false;
-        await lastValueFrom(next.handle(), { defaultValue: undefined });
-        return true;
-      });
+      const applied = await this.whileDatabaseUnavailable({ consumer, messageId }, () =>
+        this.db.transaction(async () => {
+          // The claim first: a concurrent delivery of the same id waits here for this transaction, then sees the mark.
+          const claimed = await this.db.query(claimMessageStatement(table), [consumer, messageId]);
+          if (claimed.length === 0) return false;
+          await lastValueFrom(next.handle(), { defaultValue: undefined });
+          return true;
+        }),
+      );
       // Only now, after COMMIT: a crash before this line redelivers the message, which then finds its mark.
       this.settle(channel, message, applied ? 'applied' : 'duplicate', consumer, { messageId, attempt });
     } catch (err) {
       const last = attempt >= (options.maxAttempts ?? this.defaults?.maxAttempts ?? 5);
       this.settle(channel, message, last ? 'dead-lettered' : 'retried', consumer, { messageId, attempt, err }, last ? `failed ${attempt} times` : 'failed, sent back');
+    }
+  }
+
+  /**
+   * Runs the transaction again, holding the delivery (unacked: the prefetch bounds how many are held), while the
+   * database is unreachable, the pool exhausted or a lock lost: those say nothing about the message, so they must
+   * not use up its attempts and dead-letter good messages during an outage. Any other error is the message's.
+   */
+  private async whileDatabaseUnavailable<T>(fields: Record<string, unknown>, run: () => Promise<T>): Promise<T> {
+    for (let wait = HOLD_FIRST_MS; ; wait = Math.min(wait * 2, HOLD_MAX_MS)) {
+      try {
+        return await run();
+      } catch (err) {
+        if (!(isDatabaseUnavailable(err) || err instanceof PoolExhaustedError || isTransientConflict(err))) throw err;
+        this.logger.warn({ ...fields, err, retryInMs: wait }, 'database unavailable: the message is held and tried again');
+        await new Promise((resolve) => setTimeout(resolve, wait));
+      }
     }
   }
 
