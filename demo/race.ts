@@ -20,7 +20,8 @@ import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { DataSource } from 'typeorm';
+import { DataSource, type QueryRunner } from 'typeorm';
+import { claimMessageStatement, createProcessedMessagesTable } from '#idempotency';
 import { applyMigrations } from '../src/database/apply-migrations.js';
 import { freePort } from '../src/common/free-port.js';
 import { type EmbeddedServer, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
@@ -30,6 +31,8 @@ import { TRANSITION_ORDER } from '../src/orders/orders.service.js';
 import { RESERVE_REFUND } from '../src/payments/refunds.service.js';
 
 const PARALLEL = 50;
+/** Ours: the marks' table as the layer creates it (createProcessedMessagesTable), in the demo's scratch schema. */
+const OURS_MARKS = 'naive.processed_messages';
 const ROUNDS = Number(process.env.DEMO_ROUNDS ?? 5);
 // A LAN round trip plus a little work: long enough that 50 parallel requests all read before any writes.
 const GAP_S = Number(process.env.DEMO_GAP_MS ?? 20) / 1000;
@@ -55,6 +58,10 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** The naive side's tables: what the seed articles' code writes to, with the constraints that code relies on and no more. */
 const NAIVE_SCHEMA = `
   CREATE SCHEMA naive;
+  -- The naive consumer's dedupe marks (a cache beside the effect: written after it, in a transaction of its own)
+  -- and the effect both consumers write: no unique constraint, so only the dedupe decides how many there are.
+  CREATE TABLE naive.consumer_marks (message_id text PRIMARY KEY);
+  CREATE TABLE naive.consumer_effects (consumer text NOT NULL, message_id text NOT NULL);
   -- The dedupe table checked before the work; its key is unique, but the order is inserted first.
   CREATE TABLE naive.idempotency_keys (key text PRIMARY KEY, order_id uuid NOT NULL);
   CREATE TABLE naive.orders (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), request_key text NOT NULL, status text NOT NULL DEFAULT 'created');
@@ -344,6 +351,37 @@ class Demo {
     // Each refund past what fits is money paid out twice: counted with the double charges.
     return { ...zero(), doubleCharges: Math.max(0, refunds - Math.floor(PAYMENT_MINOR / REFUND_MINOR)) };
   }
+
+  /**
+   * A broker message redelivered to PARALLEL workers at once (the consumer whose channel died is still in its handler
+   * when the broker hands the message to the others). Naive: check the mark, act, then mark ("check, then act, then
+   * mark"). Ours: @IdempotentMessage's claim, then the effect, in one transaction.
+   */
+  async consumeRedelivered(side: Side, round: number): Promise<Counts> {
+    const messageId = `message-${side}-${round}`;
+    await this.storm(async (c) => {
+      if (side === 'naive') {
+        const seen = await c.query('SELECT 1 FROM naive.consumer_marks WHERE message_id = $1', [messageId]);
+        if (seen.rowCount) return;
+        await c.query('SELECT pg_sleep($1)', [GAP_S]);
+        await c.query(`INSERT INTO naive.consumer_effects VALUES ('naive', $1)`, [messageId]);
+        await c.query('INSERT INTO naive.consumer_marks VALUES ($1) ON CONFLICT DO NOTHING', [messageId]);
+        return;
+      }
+      await c.query('BEGIN');
+      try {
+        const claimed = await c.query(claimMessageStatement(OURS_MARKS), ['demo', messageId]);
+        await c.query('SELECT pg_sleep($1)', [GAP_S]);
+        if (claimed.rowCount) await c.query(`INSERT INTO naive.consumer_effects VALUES ('ours', $1)`, [messageId]);
+        await c.query('COMMIT');
+      } catch (err) {
+        await c.query('ROLLBACK').catch(() => undefined);
+        throw err;
+      }
+    });
+    const effects = await this.count('SELECT count(*) AS n FROM naive.consumer_effects WHERE message_id = $1', [messageId]);
+    return { ...zero(), duplicates: Math.max(0, effects - 1) };
+  }
 }
 
 /** Clients whose backend this demo terminated: released as broken, never rolled back or reused. */
@@ -403,6 +441,8 @@ async function main(): Promise<void> {
     pool.on('error', () => undefined);
     admin.on('error', () => undefined);
     await admin.query(NAIVE_SCHEMA);
+    const adminPool = admin;
+    await createProcessedMessagesTable({ query: (sql: string) => adminPool.query(sql) } as unknown as QueryRunner, OURS_MARKS);
 
     console.log(
       `${ROUNDS} rounds per pattern, ${PARALLEL} parallel duplicates each. The naive code waits ${GAP_S * 1000} ms (pg_sleep) between its read and its write, ` +
@@ -415,6 +455,7 @@ async function main(): Promise<void> {
       ['2b claim DEL on timeout, retry', (s, r) => demo.timeoutRetry(s, r)],
       ['3 unconditional status update', (s) => demo.statusUpdate(s)],
       ['4 read-then-write refund check', (s) => demo.refund(s)],
+      ['5 consumer check-act-mark, redelivered', (s, r) => demo.consumeRedelivered(s, r)],
     ];
     const rows: Row[] = [];
     for (const [pattern, run] of patterns) {
@@ -427,7 +468,7 @@ async function main(): Promise<void> {
     }
     printTable(rows);
     console.log(
-      '\nSummed over all rounds. duplicates: extra orders (1, 2a) or extra history rows (3); lost updates: moves reported done but overwritten (3); ' +
+      '\nSummed over all rounds. duplicates: extra orders (1, 2a), extra history rows (3) or effects of one message (5); lost updates: moves reported done but overwritten (3); ' +
         `double charges: extra provider charges (2b) or refunds past the payment's amount (4); stuck keys: keys nobody can complete after the crash (2a).`,
     );
     console.log(`RESULT ${JSON.stringify(rows)}`);

@@ -45,10 +45,12 @@ describe('npm run demo:race', () => {
         '2b claim DEL on timeout, retry',
         '3 unconditional status update',
         '4 read-then-write refund check',
+        '5 consumer check-act-mark, redelivered',
       ]);
       for (const r of rows) expect({ pattern: r.pattern, ...r.ours }).toEqual({ pattern: r.pattern, duplicates: 0, lostUpdates: 0, doubleCharges: 0, stuckKeys: 0 });
       expect(row('1 ').naive.duplicates).toBeGreaterThan(0);
       expect(row('4 ').naive.doubleCharges).toBeGreaterThan(0);
+      expect(row('5 ').naive.duplicates).toBeGreaterThan(0);
       // By construction, not by timing: the claim outlives the killed worker in every round.
       expect(row('2a').naive.stuckKeys).toBe(2);
 

@@ -46,6 +46,8 @@ export interface RabbitMq {
    * counts periodically (every 500 ms here: collect_statistics_interval), so poll: `untilQueueDepth`.
    */
   queueDepth(queue: string): Promise<QueueDepth>;
+  /** Closes every client connection (as a network cut would): their unacked deliveries go back to their queues. */
+  closeAllConnections(): Promise<void>;
   /** Polls `queueDepth` until it equals `expected`, or rejects after the deadline with the last depth seen. */
   untilQueueDepth(queue: string, expected: QueueDepth, deadlineMs?: number): Promise<void>;
   /** Stops the node and its epmd for good, removes the temp dir. */
@@ -212,6 +214,9 @@ export async function startRabbitMq(): Promise<RabbitMq> {
       await startBroker();
     },
     queueDepth,
+    closeAllConnections: async () => {
+      await ctl(['close_all_connections', 'closed by the test harness']);
+    },
     untilQueueDepth: async (queue, expected, deadlineMs = 30_000) => {
       let last: QueueDepth | undefined;
       await until(`${queue} at ${JSON.stringify(expected)}`, deadlineMs, async () => {

@@ -44,3 +44,11 @@ export { type Problem, ProblemDetailsException, problemOf } from './problem-deta
 export { EscapingWriteError } from './typeorm-transaction.js';
 /** No pooled connection became free in time: the app is overloaded, answer 503. */
 export { PoolExhaustedError } from './database.js';
+
+// Message handlers: an @EventPattern / @MessagePattern handler that runs once per message id.
+/** Marks a message handler: claim the message id in the handler's transaction, commit it with the effect, ack after COMMIT. */
+export { IdempotentMessage, type IdempotentMessageOptions, IdempotentMessageInterceptor } from './idempotent-message.js';
+/** The defaults a consumer app may override (its name, attempts before dead-lettering, …). */
+export { IDEMPOTENT_MESSAGE_DEFAULTS, type IdempotentMessageDefaults } from './idempotent-message.js';
+/** The processed-messages table for your migration, the reaper's delete, and the claim's SQL (to show it beside a naive one). */
+export { claimMessageStatement, createProcessedMessagesTable, reapProcessedMessages } from './idempotent-message.js';

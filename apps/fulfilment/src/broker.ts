@@ -1,0 +1,75 @@
+import { type RmqOptions, Transport } from '@nestjs/microservices';
+import type { ConsumeMessage } from 'amqplib';
+import { connect } from 'amqplib';
+import type { FulfilmentConfig } from './config.js';
+
+/** The names both sides agree on (docs/patterns/message-consumer.md#the-message-contract). */
+export const ORDERS_EXCHANGE = 'orders.events';
+export const ORDER_EVENTS_QUEUE = 'fulfilment.order-events';
+export const DEAD_LETTER_EXCHANGE = 'fulfilment.dlx';
+export const DEAD_LETTER_QUEUE = 'fulfilment.order-events.dead';
+
+/**
+ * Nest's RMQ transport expects `{ pattern, data }` bodies; the order service publishes the bare event with its type
+ * in the AMQP `type` property (which is also the routing key). A body that is not JSON reaches the handler as a
+ * string and is refused there, so it goes through the same retry and dead-letter path as any failure.
+ */
+export class OrderEventDeserializer {
+  deserialize(value: unknown, options?: ConsumeMessage['properties']): { pattern: string; data: unknown } {
+    const fromBody = typeof value === 'object' && value !== null ? (value as { type?: unknown }).type : undefined;
+    const type: unknown = options?.type ?? fromBody;
+    // Never undefined: Nest nacks (without requeue: dead-letters) a pattern it has no handler for.
+    return { pattern: typeof type === 'string' && type ? type : 'unknown', data: value };
+  }
+}
+
+/**
+ * The queue's own limit on deliveries, fixed: a queue's arguments cannot change once it exists (a different value
+ * makes every later assertQueue fail with PRECONDITION_FAILED), so it is not the configurable
+ * FULFILMENT_MAX_ATTEMPTS, which the handler applies first and which config caps below this.
+ */
+export const DELIVERY_LIMIT_BACKSTOP = 20;
+
+/**
+ * The consumer's queue: a QUORUM queue, because it counts deliveries itself (`x-delivery-count`, kept across
+ * consumer crashes and restarts) and stops a message after `x-delivery-limit` returns — a backstop for a message
+ * that kills the process before the handler can dead-letter it. Failures go to the dead-letter exchange.
+ */
+export function rmqTransport(config: FulfilmentConfig): RmqOptions {
+  return {
+    transport: Transport.RMQ,
+    options: {
+      urls: [config.amqpUrl],
+      queue: ORDER_EVENTS_QUEUE,
+      queueOptions: {
+        durable: true,
+        arguments: { 'x-queue-type': 'quorum', 'x-dead-letter-exchange': DEAD_LETTER_EXCHANGE, 'x-delivery-limit': DELIVERY_LIMIT_BACKSTOP },
+      },
+      // The handler's layer acks, after its COMMIT (@IdempotentMessage); never the transport on delivery.
+      noAck: false,
+      prefetchCount: config.prefetch,
+      exchange: ORDERS_EXCHANGE,
+      exchangeType: 'topic',
+      routingKey: 'order.*',
+      deserializer: new OrderEventDeserializer(),
+      socketOptions: { heartbeatIntervalInSeconds: 5, reconnectTimeInSeconds: 1 },
+    },
+  };
+}
+
+/**
+ * The dead-letter exchange and queue, asserted before consuming starts: Nest's transport asserts only the main
+ * queue, and a message dead-lettered to an exchange with no queue bound would be dropped. Idempotent.
+ */
+export async function assertDeadLetterTopology(amqpUrl: string): Promise<void> {
+  const connection = await connect(amqpUrl);
+  try {
+    const channel = await connection.createChannel();
+    await channel.assertExchange(DEAD_LETTER_EXCHANGE, 'fanout', { durable: true });
+    await channel.assertQueue(DEAD_LETTER_QUEUE, { durable: true });
+    await channel.bindQueue(DEAD_LETTER_QUEUE, DEAD_LETTER_EXCHANGE, '');
+    await channel.close();
+  } finally {
+    await connection.close();
+  }
+}

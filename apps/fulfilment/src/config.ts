@@ -1,0 +1,68 @@
+/**
+ * The fulfilment consumer's configuration, read and validated once at start-up: every bad or missing variable is
+ * named at once, and nothing has a default that would fail open.
+ */
+export interface FulfilmentConfig {
+  /** The PostgreSQL database this app migrates (its own `fulfilment` schema) and writes. */
+  databaseUrl: string;
+  /** The RabbitMQ broker the order service publishes its events to. */
+  amqpUrl: string;
+  /** HTTP: GET /health, GET /shipments/{orderId}, GET /metrics. */
+  port: number;
+  /** Deliveries unacked at once on this consumer's channel (its concurrency and its share of a redelivery). */
+  prefetch: number;
+  /** Deliveries of a failing message before it is dead-lettered. */
+  maxAttempts: number;
+  /** How long a dedupe mark is kept (see docs/patterns/message-consumer.md#how-long-the-mark-lives). */
+  markRetentionHours: number;
+  databasePoolSize: number;
+}
+
+export class FulfilmentConfigError extends Error {}
+
+type Env = Record<string, string | undefined>;
+
+function integer(env: Env, name: string, fallback: number, min: number, max: number, problems: string[]): number {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!/^\d+$/.test(raw) || value < min || value > max) {
+    problems.push(`${name} must be an integer from ${min} to ${max}, got "${raw}"`);
+    return fallback;
+  }
+  return value;
+}
+
+function url(env: Env, name: string, protocols: string[], example: string, problems: string[]): string {
+  const raw = env[name];
+  if (!raw) {
+    problems.push(`${name} must be set (e.g. ${example})`);
+    return '';
+  }
+  let parsed: URL;
+  try {
+    parsed = new URL(raw);
+  } catch {
+    problems.push(`${name} is not a URL`);
+    return '';
+  }
+  if (!protocols.includes(parsed.protocol)) problems.push(`${name} must be a ${protocols.join(' or ')} URL, got ${parsed.protocol}`);
+  return raw;
+}
+
+export function loadFulfilmentConfig(env: Env = process.env): FulfilmentConfig {
+  const problems: string[] = [];
+  const config: FulfilmentConfig = {
+    databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'], 'postgres://user:password@localhost:5432/orders', problems),
+    amqpUrl: url(env, 'AMQP_URL', ['amqp:', 'amqps:'], 'amqp://guest:guest@127.0.0.1:5672', problems),
+    port: integer(env, 'PORT', 3002, 0, 65_535, problems),
+    prefetch: integer(env, 'FULFILMENT_PREFETCH', 20, 1, 1_000, problems),
+    // At most the queue's fixed delivery limit (broker.ts), which must stay the backstop behind it.
+    maxAttempts: integer(env, 'FULFILMENT_MAX_ATTEMPTS', 5, 1, 20, problems),
+    // Seven days by default: longer than anything can redeliver or republish an event (the reasoning is in the doc).
+    markRetentionHours: integer(env, 'FULFILMENT_MARK_RETENTION_HOURS', 168, 1, 24 * 365, problems),
+    databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 10, 1, 500, problems),
+  };
+  if (problems.length) throw new FulfilmentConfigError(`Invalid configuration: ${problems.join('; ')}`);
+  return config;
+}

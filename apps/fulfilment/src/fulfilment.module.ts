@@ -1,0 +1,53 @@
+import { type DynamicModule, Module } from '@nestjs/common';
+import { APP_FILTER } from '@nestjs/core';
+import { TypeOrmModule } from '@nestjs/typeorm';
+import { IDEMPOTENT_MESSAGE_DEFAULTS, IdempotencyModule, ProblemDetailsFilter } from '#idempotency';
+import { BrokerStatus } from './broker-status.js';
+import type { FulfilmentConfig } from './config.js';
+import { FULFILMENT_CONFIG } from './fulfilment.module-tokens.js';
+import { HttpController } from './http.controller.js';
+import { createMetricsRegistry, METRICS_REGISTRY } from './metrics.js';
+import { OrderEventsController } from './order-events.controller.js';
+import { ProcessedMessageReaper } from './processed-message-reaper.js';
+import { ShipmentsService } from './shipments.service.js';
+
+/**
+ * The fulfilment consumer: order events in (RabbitMQ, @IdempotentMessage handlers), shipments out, and a small
+ * HTTP side (health, shipments, metrics). Migrations are applied before this module starts (main.ts).
+ */
+@Module({})
+export class FulfilmentModule {
+  static forRoot(config: FulfilmentConfig): DynamicModule {
+    const registry = createMetricsRegistry();
+    return {
+      module: FulfilmentModule,
+      imports: [
+        TypeOrmModule.forRoot({
+          type: 'postgres',
+          url: config.databaseUrl,
+          entities: [],
+          synchronize: false,
+          migrationsRun: false,
+          // The layer sends a transaction's statements together (BEGIN with the claim, the effect, COMMIT).
+          extra: { pipeline: true, max: config.databasePoolSize, connectionTimeoutMillis: 5_000 },
+        }),
+        IdempotencyModule.forRoot({
+          // HTTP Idempotency-Keys are not used here (no table for them, no reaper): only message marks.
+          callerScope: () => undefined,
+          reaper: false,
+          metrics: registry,
+        }),
+      ],
+      controllers: [OrderEventsController, HttpController],
+      providers: [
+        ShipmentsService,
+        BrokerStatus,
+        ProcessedMessageReaper,
+        { provide: FULFILMENT_CONFIG, useValue: config },
+        { provide: METRICS_REGISTRY, useValue: registry },
+        { provide: IDEMPOTENT_MESSAGE_DEFAULTS, useValue: { maxAttempts: config.maxAttempts } },
+        { provide: APP_FILTER, useClass: ProblemDetailsFilter },
+      ],
+    };
+  }
+}

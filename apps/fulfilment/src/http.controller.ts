@@ -1,0 +1,45 @@
+import { Controller, Get, Header, HttpCode, Inject, NotFoundException, Param, ParseUUIDPipe, ServiceUnavailableException } from '@nestjs/common';
+import { Database } from '#idempotency';
+import type { Registry } from 'prom-client';
+import { BrokerStatus } from './broker-status.js';
+import { METRICS_REGISTRY } from './metrics.js';
+import { type Shipment, ShipmentsService } from './shipments.service.js';
+
+@Controller()
+export class HttpController {
+  constructor(
+    private readonly shipments: ShipmentsService,
+    private readonly db: Database,
+    private readonly broker: BrokerStatus,
+    @Inject(METRICS_REGISTRY) private readonly registry: Registry,
+  ) {}
+
+  /** The shipment the order's events made (404 until its first event with an effect is applied). */
+  @Get('shipments/:orderId')
+  async shipment(@Param('orderId', new ParseUUIDPipe()) orderId: string): Promise<Shipment> {
+    const shipment = await this.shipments.find(orderId);
+    if (!shipment) throw new NotFoundException(`no shipment for order ${orderId}`);
+    return shipment;
+  }
+
+  /** 200 when the database answers and the consumer's broker connection is up; 503 (problem+json) otherwise. */
+  @Get('health')
+  @HttpCode(200)
+  async health(): Promise<{ status: 'ok'; database: 'up'; broker: string }> {
+    const database = await this.db.query('SELECT 1').then(
+      () => 'up',
+      () => 'down',
+    );
+    const broker = this.broker.current;
+    if (database !== 'up' || broker !== 'connected') {
+      throw new ServiceUnavailableException(`database ${database}, broker ${broker}`);
+    }
+    return { status: 'ok', database: 'up', broker };
+  }
+
+  @Get('metrics')
+  @Header('Content-Type', 'text/plain; version=0.0.4')
+  metrics(): Promise<string> {
+    return this.registry.metrics();
+  }
+}

@@ -1,0 +1,225 @@
+import { applyDecorators, type CallHandler, type ExecutionContext, Inject, Injectable, Logger, type NestInterceptor, Optional, SetMetadata, UseInterceptors } from '@nestjs/common';
+import { Reflector } from '@nestjs/core';
+import { Counter, type Registry } from 'prom-client';
+import { from, lastValueFrom, type Observable } from 'rxjs';
+import type { QueryRunner } from 'typeorm';
+import { Database, PoolExhaustedError } from './database.js';
+import { isDatabaseUnavailable, isTransientConflict } from './pg-errors.js';
+import { deleteInBatches } from './delete-in-batches.js';
+import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
+
+/**
+ * The consumer side of the layer: `@IdempotentMessage({ consumer })` on an `@EventPattern` handler of a broker
+ * microservice (RabbitMQ through @nestjs/microservices, `noAck: false`). Per delivery, in ONE transaction of
+ * `Database`: the mark (consumer, message id) is claimed, then the handler writes its effect through `Database`;
+ * the ack is sent only after COMMIT. A redelivery (a crash between COMMIT and ack, a duplicate publish, a second
+ * consumer) finds the mark, commits nothing and is acked. A failure rolls both back and the message is sent
+ * back (nack + requeue) until its last attempt, then dead-lettered (nack without requeue → the queue's DLX).
+ * Why each step is where it is: docs/patterns/message-consumer.md.
+ */
+
+export const IDEMPOTENT_MESSAGE = Symbol('IDEMPOTENT_MESSAGE');
+// Backoff while the database is unavailable: quick for a blip, at most one try per 5 s per held message during an outage.
+const HOLD_FIRST_MS = 100;
+const HOLD_MAX_MS = 5_000;
+const IDENTIFIER = /^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$/;
+
+/** What the layer needs of the transport's context: RmqContext of @nestjs/microservices has exactly these. */
+export interface BrokerMessageContext {
+  getMessage(): unknown;
+  getChannelRef(): unknown;
+}
+
+interface AmqpMessage {
+  properties: { messageId?: string; headers?: Record<string, unknown> };
+}
+interface AmqpChannel {
+  ack(message: unknown): void;
+  nack(message: unknown, allUpTo?: boolean, requeue?: boolean): void;
+}
+
+export type MessageOutcome = 'applied' | 'duplicate' | 'retried' | 'dead-lettered';
+
+export interface IdempotentMessageOptions {
+  /** Who consumes: marks are per consumer, so two consumers of one event each apply it once. */
+  consumer: string;
+  /** The marks' table, schema-qualified if needed (created by `createProcessedMessagesTable`). Default `processed_messages`. */
+  table?: string;
+  /** The message's identity. Default: the AMQP `messageId` property (the producer's event id). */
+  key?: (data: unknown, message: AmqpMessage) => string | undefined;
+  /**
+   * Deliveries before a failing message is dead-lettered. Counted by the broker (`x-delivery-count`, which a
+   * quorum queue sets): a count kept in this process would restart with it. Default: the app's
+   * IDEMPOTENT_MESSAGE_DEFAULTS provider (its configuration, known only at start-up), else 5.
+   */
+  maxAttempts?: number;
+}
+
+/** Provide this token (e.g. `{ maxAttempts: config.maxAttempts }`) to set what decorators leave unset. */
+export const IDEMPOTENT_MESSAGE_DEFAULTS = Symbol('IDEMPOTENT_MESSAGE_DEFAULTS');
+export interface IdempotentMessageDefaults {
+  maxAttempts?: number;
+}
+type ResolvedMessageOptions = Required<Omit<IdempotentMessageOptions, 'maxAttempts'>> & Pick<IdempotentMessageOptions, 'maxAttempts'>;
+
+const counters = new WeakMap<Registry, Counter<'consumer' | 'outcome'>>();
+const unexported = new Counter<'consumer' | 'outcome'>({
+  name: 'idempotent_messages_total',
+  help: 'Messages handled by @IdempotentMessage consumers, by outcome',
+  labelNames: ['consumer', 'outcome'],
+  registers: [],
+});
+
+function counterFor(registry: Registry | false): Counter<'consumer' | 'outcome'> {
+  if (!registry) return unexported;
+  let counter = counters.get(registry);
+  if (!counter) {
+    counter = new Counter({
+      name: 'idempotent_messages_total',
+      help: 'Messages handled by @IdempotentMessage consumers, by outcome: applied, duplicate (mark found: acked, no effect), retried, dead-lettered',
+      labelNames: ['consumer', 'outcome'],
+      registers: [registry],
+    });
+    counters.set(registry, counter);
+  }
+  return counter;
+}
+
+/** Attempts so far, this one included: the quorum queue's `x-delivery-count` counts earlier deliveries. */
+export function deliveryAttempt(message: AmqpMessage): number {
+  const count = Number(message.properties.headers?.['x-delivery-count'] ?? 0);
+  return (Number.isSafeInteger(count) && count >= 0 ? count : 0) + 1;
+}
+
+/** The claim ($1 consumer, $2 message id): a row back means this delivery is the first and goes on to the effect. */
+export const claimMessageStatement = (table: string) => `INSERT INTO ${table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1`;
+
+@Injectable()
+export class IdempotentMessageInterceptor implements NestInterceptor {
+  private readonly logger = new Logger('IdempotentMessage');
+  private readonly outcomes: Counter<'consumer' | 'outcome'>;
+
+  constructor(
+    private readonly reflector: Reflector,
+    private readonly db: Database,
+    @Inject(IDEMPOTENCY_OPTIONS) options: ResolvedIdempotencyOptions,
+    @Optional() @Inject(IDEMPOTENT_MESSAGE_DEFAULTS) private readonly defaults?: IdempotentMessageDefaults,
+  ) {
+    this.outcomes = counterFor(options.metrics);
+  }
+
+  intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
+    const options = this.reflector.get<ResolvedMessageOptions>(IDEMPOTENT_MESSAGE, context.getHandler());
+    const rpc = context.switchToRpc();
+    const broker = rpc.getContext<BrokerMessageContext>();
+    return from(this.handle(options, rpc.getData(), broker.getMessage() as AmqpMessage, broker.getChannelRef() as AmqpChannel, next));
+  }
+
+  private async handle(options: ResolvedMessageOptions, data: unknown, message: AmqpMessage, channel: AmqpChannel, next: CallHandler): Promise<void> {
+    const { consumer, table } = options;
+    const messageId = options.key(data, message);
+    const attempt = deliveryAttempt(message);
+    if (!messageId) {
+      // Without an identity a redelivery could not be told from a new message: refused, never applied unguarded.
+      this.settle(channel, message, 'dead-lettered', consumer, { attempt }, 'a message without an id cannot be deduplicated');
+      return;
+    }
+    try {
+      const applied = await this.whileDatabaseUnavailable({ consumer, messageId }, () =>
+        this.db.transaction(async () => {
+          // The claim first: a concurrent delivery of the same id waits here for this transaction, then sees the mark.
+          const claimed = await this.db.query(claimMessageStatement(table), [consumer, messageId]);
+          if (claimed.length === 0) return false;
+          await lastValueFrom(next.handle(), { defaultValue: undefined });
+          return true;
+        }),
+      );
+      // Only now, after COMMIT: a crash before this line redelivers the message, which then finds its mark.
+      this.settle(channel, message, applied ? 'applied' : 'duplicate', consumer, { messageId, attempt });
+    } catch (err) {
+      const last = attempt >= (options.maxAttempts ?? this.defaults?.maxAttempts ?? 5);
+      this.settle(channel, message, last ? 'dead-lettered' : 'retried', consumer, { messageId, attempt, err }, last ? `failed ${attempt} times` : 'failed, sent back');
+    }
+  }
+
+  /**
+   * Runs the transaction again, holding the delivery (unacked: the prefetch bounds how many are held), while the
+   * database is unreachable, the pool exhausted or a lock lost: those say nothing about the message, so they must
+   * not use up its attempts and dead-letter good messages during an outage. Any other error is the message's.
+   */
+  private async whileDatabaseUnavailable<T>(fields: Record<string, unknown>, run: () => Promise<T>): Promise<T> {
+    for (let wait = HOLD_FIRST_MS; ; wait = Math.min(wait * 2, HOLD_MAX_MS)) {
+      try {
+        return await run();
+      } catch (err) {
+        if (!(isDatabaseUnavailable(err) || err instanceof PoolExhaustedError || isTransientConflict(err))) throw err;
+        this.logger.warn({ ...fields, err, retryInMs: wait }, 'database unavailable: the message is held and tried again');
+        await new Promise((resolve) => setTimeout(resolve, wait));
+      }
+    }
+  }
+
+  private settle(channel: AmqpChannel, message: AmqpMessage, outcome: MessageOutcome, consumer: string, fields: Record<string, unknown>, why?: string): void {
+    try {
+      if (outcome === 'applied' || outcome === 'duplicate') channel.ack(message);
+      else channel.nack(message, false, outcome === 'retried');
+    } catch (err) {
+      // The channel closed under us (a broker restart): the broker redelivers the message, and the mark decides again.
+      this.logger.warn({ consumer, ...fields, outcome, err }, 'could not settle the message; the broker will deliver it again');
+      return;
+    }
+    this.outcomes.inc({ consumer, outcome });
+    const line = { consumer, outcome, ...fields };
+    if (outcome === 'dead-lettered') this.logger.error(line, `message dead-lettered: ${why}`);
+    else if (outcome === 'retried') this.logger.warn(line, `message ${why}`);
+    else this.logger.debug?.(line, `message ${outcome}`);
+  }
+}
+
+/**
+ * Makes an `@EventPattern` handler apply each message once: the handler writes through `Database` (`query`,
+ * `manager`, `getRepository`) to commit with the mark. The transport must run with `noAck: false`: this layer acks.
+ */
+export function IdempotentMessage(options: IdempotentMessageOptions) {
+  const table = options.table ?? 'processed_messages';
+  if (!IDENTIFIER.test(table)) throw new Error(`IdempotentMessage: table must be a plain identifier (schema.table), got ${table}`);
+  if (!options.consumer) throw new Error('IdempotentMessage: consumer is required');
+  const resolved: ResolvedMessageOptions = {
+    consumer: options.consumer,
+    table,
+    key: options.key ?? ((_data, message) => message.properties.messageId || undefined),
+    maxAttempts: options.maxAttempts,
+  };
+  return applyDecorators(SetMetadata(IDEMPOTENT_MESSAGE, resolved), UseInterceptors(IdempotentMessageInterceptor));
+}
+
+/** The marks' table, for the app's migration. Keyed by (consumer, message id): that pair is applied once. */
+export async function createProcessedMessagesTable(queryRunner: QueryRunner, table = 'processed_messages'): Promise<void> {
+  const name = table.split('.').pop();
+  await queryRunner.query(`
+    CREATE TABLE ${table} (
+      consumer text NOT NULL,
+      message_id text NOT NULL CHECK (length(message_id) BETWEEN 1 AND 255),
+      processed_at timestamptz NOT NULL DEFAULT now(),
+      -- The duplicate it prevents: a redelivered or republished message applied a second time by the same consumer.
+      CONSTRAINT pk_${name} PRIMARY KEY (consumer, message_id)
+    )`);
+  // The reaper's range scan.
+  await queryRunner.query(`CREATE INDEX ix_${name}_processed_at ON ${table} (processed_at)`);
+}
+
+/**
+ * Deletes marks older than `retentionSeconds`, in batches; returns how many. Run it with a retention longer than
+ * any redelivery can come late (see docs/patterns/message-consumer.md): a mark reaped earlier lets a late
+ * duplicate through to the handler, where only the effect's own business key still stops it.
+ */
+export function reapProcessedMessages(db: Database, retentionSeconds: number, table = 'processed_messages'): Promise<number> {
+  if (!IDENTIFIER.test(table)) throw new Error(`reapProcessedMessages: table must be a plain identifier, got ${table}`);
+  return deleteInBatches(async (size) => {
+    const rows = await db.query(
+      `DELETE FROM ${table} WHERE ctid IN (SELECT ctid FROM ${table} WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2) RETURNING 1`,
+      [retentionSeconds, size],
+    );
+    return rows.length;
+  });
+}
