@@ -295,6 +295,23 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     }
   }, 120_000);
 
+  it('JSON that is not the contract (a body type unlike the routed type, an amount as a string): dead-lettered, nothing written', async () => {
+    const consumer = await startConsumer();
+    const mismatched = { ...orderEvent('order.refunded', randomUUID(), 3) };
+    const stringAmount = { ...orderEvent('order.paid', randomUUID(), 2), totalMinor: '4200' };
+    publisher.publishRaw('order.paid', mismatched.eventId, Buffer.from(JSON.stringify(mismatched)));
+    publisher.publishRaw('order.paid', stringAmount.eventId, Buffer.from(JSON.stringify(stringAmount)));
+    await publisher.confirmed();
+
+    await until('both dead-lettered', 30_000, async () => (await outcomes(consumer))['dead-lettered'] === 2);
+    expect(consumer.output()).toContain('routed as order.paid but the body says order.refunded');
+    expect(consumer.output()).toContain('totalMinor (integer minor units');
+    expect(await shipments([mismatched.orderId, stringAmount.orderId])).toBe(0);
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [[mismatched.eventId, stringAmount.eventId]])).toBe(0);
+    await broker.untilQueueDepth(DEAD, { ready: 2, unacked: 0 });
+    await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+  }, 120_000);
+
   it('order.refunded (v3) delivered before order.paid (v2): the shipment ends cancelled; in order too; HTTP shows it', async () => {
     const consumer = await startConsumer();
     const [reversed, inOrder] = [randomUUID(), randomUUID()];

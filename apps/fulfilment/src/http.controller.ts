@@ -22,7 +22,10 @@ export class HttpController {
     return shipment;
   }
 
-  /** 200 when the database answers and the consumer's broker connection is up; 503 (problem+json) otherwise. */
+  /**
+   * 200 when the database answers and the consumer's broker connection is up; 503 (problem+json) otherwise.
+   * Hand-written, not @nestjs/terminus: two checks, one of them the transport's own status, which terminus has no indicator for.
+   */
   @Get('health')
   @HttpCode(200)
   async health(): Promise<{ status: 'ok'; database: 'up'; broker: string }> {
