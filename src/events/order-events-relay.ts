@@ -1,3 +1,4 @@
+import { writeSync } from 'node:fs';
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
 import { type AmqpConnectionManager, type ChannelWrapper, connect } from 'amqp-connection-manager';
 import type { ConfirmChannel } from 'amqplib';
@@ -181,7 +182,8 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     });
     if (confirmed.length > 0 && this.config.orderEventsRelayFault === 'die-after-confirm') {
       // The at-least-once test's crash: the broker has these messages, the outbox does not know it.
-      this.logger.error({ confirmed: confirmed.length }, 'ORDER_EVENTS_RELAY_FAULT=die-after-confirm: dying before marking the confirmed rows sent');
+      // Written synchronously: the logger buffers, and a line it still held would die with the process.
+      writeSync(2, `ORDER_EVENTS_RELAY_FAULT=die-after-confirm: dying before marking ${confirmed.length} confirmed rows sent\n`);
       process.kill(process.pid, 'SIGKILL');
     }
     this.metrics.published.inc({ result: 'confirmed' }, confirmed.length);

@@ -10,6 +10,7 @@ export interface PrometheusRegistry {
 /** The instruments the layer updates: prom-client's Counter, Histogram and Gauge, or nothing at all without a registry. */
 interface Instruments {
   requests: { inc(labels: { outcome: IdempotencyOutcome }): void };
+  messages: { inc(labels: { consumer: string; outcome: string }): void };
   wait: { observe(seconds: number): void };
   waiting: { inc(): void; dec(): void };
 }
@@ -24,7 +25,7 @@ interface MetricConfig {
 
 /** prom-client's constructors, typed here: the package is optional, so an app without it compiles without its types. */
 interface PromClient {
-  Counter: new (config: MetricConfig) => Instruments['requests'];
+  Counter: new (config: MetricConfig) => Instruments['requests'] & Instruments['messages'];
   Histogram: new (config: MetricConfig) => Instruments['wait'];
   Gauge: new (config: MetricConfig) => Instruments['waiting'];
 }
@@ -32,7 +33,7 @@ interface PromClient {
 /** A name in a variable: TypeScript does not resolve it, so the import compiles where prom-client is not installed. */
 const PROM_CLIENT = 'prom-client';
 
-const NO_INSTRUMENTS: Instruments = { requests: { inc: () => undefined }, wait: { observe: () => undefined }, waiting: { inc: () => undefined, dec: () => undefined } };
+const NO_INSTRUMENTS: Instruments = { requests: { inc: () => undefined }, messages: { inc: () => undefined }, wait: { observe: () => undefined }, waiting: { inc: () => undefined, dec: () => undefined } };
 
 /** What the Idempotency-Key layer reports: each outcome logged with client and key and counted, and the waits. */
 export class IdempotencyMetrics {
@@ -52,6 +53,12 @@ export class IdempotencyMetrics {
         labelNames: ['outcome'],
         registers,
       }),
+      messages: new Counter({
+        name: 'idempotent_messages_total',
+        help: 'Messages handled by @IdempotentMessage consumers, by outcome: applied, duplicate (mark found: acked, no effect), retried, dead-lettered',
+        labelNames: ['consumer', 'outcome'],
+        registers,
+      }),
       wait: new Histogram({
         name: 'idempotency_wait_seconds',
         help: 'Time a duplicate spent waiting for the request in flight with the same key',
@@ -64,6 +71,11 @@ export class IdempotencyMetrics {
         registers,
       }),
     });
+  }
+
+  /** A message handler's outcome (`@IdempotentMessage`), counted per consumer. */
+  noteMessage(consumer: string, outcome: string): void {
+    this.instruments.messages.inc({ consumer, outcome });
   }
 
   get wait(): Instruments['wait'] {

@@ -1,12 +1,11 @@
 import { applyDecorators, type CallHandler, type ExecutionContext, Inject, Injectable, Logger, type NestInterceptor, Optional, SetMetadata, UseInterceptors } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
-import { Counter, type Registry } from 'prom-client';
 import { from, lastValueFrom, type Observable } from 'rxjs';
 import type { QueryRunner } from 'typeorm';
 import { Database, PoolExhaustedError } from './database.js';
 import { isDatabaseUnavailable, isTransientConflict } from './pg-errors.js';
 import { deleteInBatches } from './delete-in-batches.js';
-import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
+import { IdempotencyMetrics } from './idempotency-metrics.js';
 
 /**
  * The consumer side of the layer: `@IdempotentMessage({ consumer })` on an `@EventPattern` handler of a broker
@@ -62,29 +61,6 @@ export interface IdempotentMessageDefaults {
 }
 type ResolvedMessageOptions = Required<Omit<IdempotentMessageOptions, 'maxAttempts'>> & Pick<IdempotentMessageOptions, 'maxAttempts'>;
 
-const counters = new WeakMap<Registry, Counter<'consumer' | 'outcome'>>();
-const unexported = new Counter<'consumer' | 'outcome'>({
-  name: 'idempotent_messages_total',
-  help: 'Messages handled by @IdempotentMessage consumers, by outcome',
-  labelNames: ['consumer', 'outcome'],
-  registers: [],
-});
-
-function counterFor(registry: Registry | false): Counter<'consumer' | 'outcome'> {
-  if (!registry) return unexported;
-  let counter = counters.get(registry);
-  if (!counter) {
-    counter = new Counter({
-      name: 'idempotent_messages_total',
-      help: 'Messages handled by @IdempotentMessage consumers, by outcome: applied, duplicate (mark found: acked, no effect), retried, dead-lettered',
-      labelNames: ['consumer', 'outcome'],
-      registers: [registry],
-    });
-    counters.set(registry, counter);
-  }
-  return counter;
-}
-
 /** Attempts so far, this one included: the quorum queue's `x-delivery-count` counts earlier deliveries. */
 export function deliveryAttempt(message: AmqpMessage): number {
   const count = Number(message.properties.headers?.['x-delivery-count'] ?? 0);
@@ -97,16 +73,13 @@ export const claimMessageStatement = (table: string) => `INSERT INTO ${table} (c
 @Injectable()
 export class IdempotentMessageInterceptor implements NestInterceptor {
   private readonly logger = new Logger('IdempotentMessage');
-  private readonly outcomes: Counter<'consumer' | 'outcome'>;
 
   constructor(
     private readonly reflector: Reflector,
     private readonly db: Database,
-    @Inject(IDEMPOTENCY_OPTIONS) options: ResolvedIdempotencyOptions,
+    private readonly metrics: IdempotencyMetrics,
     @Optional() @Inject(IDEMPOTENT_MESSAGE_DEFAULTS) private readonly defaults?: IdempotentMessageDefaults,
-  ) {
-    this.outcomes = counterFor(options.metrics);
-  }
+  ) {}
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
     const options = this.reflector.get<ResolvedMessageOptions>(IDEMPOTENT_MESSAGE, context.getHandler());
@@ -168,7 +141,7 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
       this.logger.warn({ consumer, ...fields, outcome, err }, 'could not settle the message; the broker will deliver it again');
       return;
     }
-    this.outcomes.inc({ consumer, outcome });
+    this.metrics.noteMessage(consumer, outcome);
     const line = { consumer, outcome, ...fields };
     if (outcome === 'dead-lettered') this.logger.error(line, `message dead-lettered: ${why}`);
     else if (outcome === 'retried') this.logger.warn(line, `message ${why}`);
