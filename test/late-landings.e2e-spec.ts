@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
 import { LatePath } from './support/late-path';
+import { providerMoney } from './support/provider-ledger';
 import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, startTestApp, type TestApp, WEBHOOK_SECRET } from './support/test-app';
 
@@ -114,22 +115,6 @@ async function settled(w: World, orderId: string): Promise<void> {
   });
 }
 
-/** Money at the provider for the order: succeeded charges minus succeeded refunds of them. */
-async function providerMoney(w: World, orderId: string): Promise<{ net: number; charges: number }> {
-  const charges = await request(w.sandbox.url).get('/psp/charges').query({ orderId });
-  expect(charges.status).toBe(200);
-  let net = 0;
-  let succeeded = 0;
-  for (const charge of charges.body.items as { id: string; status: string; amountMinor: number }[]) {
-    if (charge.status !== 'succeeded') continue;
-    succeeded++;
-    net += charge.amountMinor;
-    const refunds = await request(w.sandbox.url).get('/psp/refunds').query({ chargeId: charge.id });
-    for (const r of refunds.body.items as { status: string; amountMinor: number }[]) if (r.status === 'succeeded') net -= r.amountMinor;
-  }
-  return { net, charges: succeeded };
-}
-
 /** What our books say the customer paid for the order, net of refunds, and the order's status. */
 async function books(w: World, orderId: string): Promise<{ net: number; status: string; paidEvents: number }> {
   const { rows } = await w.t.db.query(
@@ -146,7 +131,7 @@ async function books(w: World, orderId: string): Promise<{ net: number; status: 
 /** The invariant, once the order has settled: the provider holds exactly what the books say, paid once or not at all. */
 async function expectLedgerMatchesBooks(w: World, orderId: string): Promise<{ net: number; status: string }> {
   await settled(w, orderId);
-  const money = await providerMoney(w, orderId);
+  const money = await providerMoney(w.sandbox.url, orderId);
   const ours = await books(w, orderId);
   expect(money.net).toBe(ours.net);
   expect([0, ORDER_TOTAL]).toContain(ours.net);
@@ -208,7 +193,7 @@ describe.each([
     expect(final.status).toBe(409);
     expect(final.body).toMatchObject({ type: PROBLEM('order-not-payable'), currentStatus: 'paid' });
     expect(await expectLedgerMatchesBooks(w, orderId)).toEqual({ net: ORDER_TOTAL, status: 'paid', paidEvents: 1 });
-    expect((await providerMoney(w, orderId)).charges).toBe(1);
+    expect((await providerMoney(w.sandbox.url, orderId)).charges).toBe(1);
   });
 
   it('pay with K1 → 503, then (only) the settling the service does itself: the late charge is booked, the order paid', async () => {
@@ -271,7 +256,7 @@ describe.each([
       return rows[0]?.status === 'succeeded' ? true : undefined;
     });
     expect(await expectLedgerMatchesBooks(w, orderId)).toEqual({ net: ORDER_TOTAL, status: 'paid', paidEvents: 1 });
-    expect((await providerMoney(w, orderId)).charges).toBe(2);
+    expect((await providerMoney(w.sandbox.url, orderId)).charges).toBe(2);
     expect(await metric(w, new RegExp(`^payments_late_landings_total\\{kind="charge",found_by="${webhooks ? 'webhook' : 'sweep'}"\\}`))).toBeGreaterThan(before);
   });
 

@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'pg';
 import request from 'supertest';
 import { FaultPath } from './support/fault-path';
+import { providerMoney } from './support/provider-ledger';
 import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase, WEBHOOK_SECRET } from './support/test-app';
 
@@ -135,22 +136,6 @@ async function paymentFailedTheOldWayWithALateCharge(w: World, orderId: string):
   return { paymentId, chargeId: charge.body.id as string };
 }
 
-/** Money at the provider for the order: succeeded charges minus succeeded refunds of them. */
-async function providerNet(w: World, orderId: string): Promise<{ net: number; charges: number }> {
-  const charges = await request(w.sandbox.url).get('/psp/charges').query({ orderId });
-  expect(charges.status).toBe(200);
-  let net = 0;
-  let succeeded = 0;
-  for (const charge of charges.body.items as { id: string; status: string; amountMinor: number }[]) {
-    if (charge.status !== 'succeeded') continue;
-    succeeded++;
-    net += charge.amountMinor;
-    const refunds = await request(w.sandbox.url).get('/psp/refunds').query({ chargeId: charge.id });
-    for (const r of refunds.body.items as { status: string; amountMinor: number }[]) if (r.status === 'succeeded') net -= r.amountMinor;
-  }
-  return { net, charges: succeeded };
-}
-
 /** What our books say the customer paid for the order, net of refunds. */
 async function booksNet(w: World, orderId: string): Promise<number> {
   const { rows } = await w.db.query(
@@ -265,7 +250,7 @@ describe('a provider outage: the reconciler neither spins nor stalls', () => {
       [orders],
     );
     expect(keys[0].n).toBe(PAYS);
-    for (const orderId of orders.slice(0, 3)) expect((await providerNet(w, orderId)).net).toBe(await booksNet(w, orderId));
+    for (const orderId of orders.slice(0, 3)) expect((await providerMoney(w.sandbox.url, orderId)).net).toBe(await booksNet(w, orderId));
   }, PROCESS_TEST_TIMEOUT_MS);
 
   it('a payment an older build failed as never reached (no provider_attempts row) whose charge lands later: found by the sweep and refunded', async () => {
@@ -280,7 +265,7 @@ describe('a provider outage: the reconciler neither spins nor stalls', () => {
     expect(refunded.charge_id).toBe(chargeId);
     const { rows } = await w.db.query(`SELECT unreached_at IS NOT NULL AS adopted FROM provider_attempts WHERE subject_id = $1`, [paymentId]);
     expect(rows).toEqual([{ adopted: true }]);
-    expect(await providerNet(w, orderId)).toEqual({ net: 0, charges: 1 });
+    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 1 });
     expect(await booksNet(w, orderId)).toBe(0);
   }, PROCESS_TEST_TIMEOUT_MS);
 });
@@ -310,7 +295,7 @@ describe('RECONCILE_INTERVAL_MS=0: a late charge is refunded on the refunder own
       return rows[0]?.status === 'succeeded' ? rows[0] : undefined;
     });
     expect(done.attempts).toBeGreaterThanOrEqual(2);
-    expect(await providerNet(w, orderId)).toEqual({ net: 0, charges: 1 });
+    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 1 });
     expect(await booksNet(w, orderId)).toBe(0);
     expect(await metric(w.service.url, /^payments_late_charge_refunds_pending\{state="retrying"\}/)).toBe(0);
   }, PROCESS_TEST_TIMEOUT_MS);
@@ -351,7 +336,7 @@ describe('a 4xx after an attempt that may still land is not final', () => {
     });
     expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable' });
     expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
-    expect(await providerNet(w, orderId)).toEqual({ net: 0, charges: 0 });
+    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 0 });
   }, PROCESS_TEST_TIMEOUT_MS);
 
   it('a refund: a timeout, then a 422: pending with its amount still reserved until the window closes, then failed by lookups and given back', async () => {
@@ -378,7 +363,7 @@ describe('a 4xx after an attempt that may still land is not final', () => {
     });
     expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable', reserved: 0 });
     expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
-    expect(await providerNet(w, orderId)).toEqual({ net: ORDER_TOTAL, charges: 1 });
+    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: ORDER_TOTAL, charges: 1 });
     expect(await booksNet(w, orderId)).toBe(ORDER_TOTAL);
   }, PROCESS_TEST_TIMEOUT_MS);
 
@@ -393,7 +378,7 @@ describe('a 4xx after an attempt that may still land is not final', () => {
       return p.status !== 'pending' ? p : undefined;
     });
     await w.path.settled();
-    const money = await providerNet(w, orderId);
+    const money = await providerMoney(w.sandbox.url, orderId);
     expect(money).toEqual({ net: ORDER_TOTAL, charges: 1 });
     expect(decided.status).toBe('succeeded');
     expect(await booksNet(w, orderId)).toBe(ORDER_TOTAL);

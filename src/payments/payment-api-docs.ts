@@ -1,7 +1,7 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse, type SchemaObject } from '@nestjs/swagger';
 import { ApiProblems, type ProblemExample } from '../common/api-problem-responses.js';
-import { IDEMPOTENCY_KEY_HEADER } from '#idempotency';
+import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
 import { IDEMPOTENCY_KEY_EXAMPLES } from '../common/idempotent-endpoint.js';
 import { ORDER_STATUSES } from '../orders/order-status.js';
 import { PAYMENT_STATUSES } from './dto/payment.view.js';
@@ -183,7 +183,7 @@ export function ApiPhasedIdempotencyKey() {
     ApiResponse({
       status: 'default',
       description: 'Any stored answer replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true.',
-      headers: { 'Idempotent-Replayed': { description: 'true when this is the stored answer of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
+      headers: { [IDEMPOTENT_REPLAYED_HEADER]: { description: 'true when this is the stored answer of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
     }),
     ApiProblems(
       {

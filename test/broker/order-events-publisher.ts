@@ -4,17 +4,10 @@
  */
 import { randomUUID } from 'node:crypto';
 import { type ChannelModel, type ConfirmChannel, connect } from 'amqplib';
+import type { OrderEvent } from '../../apps/fulfilment/src/order-event';
 
-export interface TestOrderEvent {
-  eventId: string;
-  type: 'order.created' | 'order.paid' | 'order.cancelled' | 'order.refunded';
-  orderId: string;
-  clientId: string;
-  orderVersion: number;
-  totalMinor: number;
-  currency: string;
-  occurredAt: string;
-}
+/** What the consumer parses (apps/fulfilment's OrderEvent): the publisher sends exactly that shape. */
+export type TestOrderEvent = OrderEvent;
 
 export const orderEvent = (type: TestOrderEvent['type'], orderId: string, orderVersion: number): TestOrderEvent => ({
   eventId: randomUUID(),

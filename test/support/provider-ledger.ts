@@ -1,0 +1,17 @@
+import request from 'supertest';
+
+/** Money at the sandbox provider for an order: its succeeded charges minus the succeeded refunds of them. */
+export async function providerMoney(sandboxUrl: string, orderId: string): Promise<{ net: number; charges: number }> {
+  const charges = await request(sandboxUrl).get('/psp/charges').query({ orderId });
+  expect(charges.status).toBe(200);
+  let net = 0;
+  let succeeded = 0;
+  for (const charge of charges.body.items as { id: string; status: string; amountMinor: number }[]) {
+    if (charge.status !== 'succeeded') continue;
+    succeeded++;
+    net += charge.amountMinor;
+    const refunds = await request(sandboxUrl).get('/psp/refunds').query({ chargeId: charge.id });
+    for (const r of refunds.body.items as { status: string; amountMinor: number }[]) if (r.status === 'succeeded') net -= r.amountMinor;
+  }
+  return { net, charges: succeeded };
+}
