@@ -3,7 +3,7 @@ import { ConfigError, DEV_API_CLIENT, DEV_WEBHOOK_SECRET, loadConfig } from './a
 
 type Env = Record<string, string | undefined>;
 
-/** Every variable the service reads (the README's configuration table). */
+/** Every variable the service reads (the configuration table in docs/running-it.md). */
 const VARIABLES = [
   'PORT',
   'DATABASE_URL',
