@@ -105,7 +105,7 @@ export class AppModule {
         ScheduleModule.forRoot(),
         MetricsModule,
         // The order events' relay to RabbitMQ (AMQP_URL; off without it) and its metrics.
-        OrderEventsModule.forRoot({ databaseUrl }),
+        OrderEventsModule,
         HealthModule,
         OrdersModule,
         SubmitTokensModule,

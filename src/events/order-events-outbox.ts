@@ -7,15 +7,6 @@ export type OrderEventType = (typeof ORDER_EVENT_TYPES)[number];
 
 /** The topic exchange the relay publishes to; the routing key is the event type. */
 export const ORDER_EVENTS_EXCHANGE = 'orders.events';
-/** The channel the outbox's insert trigger NOTIFYs at commit (migration 1764415500000). */
-export const ORDER_EVENTS_CHANNEL = 'order_events_outbox';
-
-/**
- * The relays' LISTEN connection's application_name: the outbox's trigger NOTIFYs only while a connection of this name
- * is on the database (migration 1764415500000), so creates skip NOTIFY's server-wide commit lock when no relay listens.
- */
-export const RELAY_LISTENER_NAME = 'order-events-relay';
-
 /** The message body, as stored in the outbox's payload and published unchanged. */
 export interface OrderEventMessage {
   eventId: string;

@@ -3,20 +3,20 @@ import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } f
 import { type AmqpConnectionManager, type ChannelWrapper, connect } from 'amqp-connection-manager';
 import type { ConfirmChannel } from 'amqplib';
 import { Database } from '#idempotency';
-import { listenForNotifications, type NotificationListener, RelayLoop } from '#outbox-relay';
+import { RelayLoop } from '#outbox-relay';
 import { type AppConfig, printableUrl } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
-import { poolerSuspicion } from '../database/pooler-check.js';
 import { OrderEventsMetrics } from './order-events-metrics.js';
-import { ORDER_EVENTS_CHANNEL, ORDER_EVENTS_EXCHANGE, type OrderEventMessage, RELAY_LISTENER_NAME } from './order-events-outbox.js';
+import { ORDER_EVENTS_EXCHANGE, type OrderEventMessage } from './order-events-outbox.js';
 
-/** The database URL the relay LISTENs on (the embedded server's when DATABASE_URL is unset). */
-export const ORDER_EVENTS_DATABASE_URL = Symbol('ORDER_EVENTS_DATABASE_URL');
-
-/** Without a listener (behind a transaction pooler, or while it is down) the relay looks for due rows this often. */
-export const POLL_INTERVAL_MS = 500;
-/** While listening: a commit's NOTIFY wakes the relay; this slow poll only catches a missed notification or a lease run out. */
-export const FALLBACK_POLL_MS = 10_000;
+/**
+ * How often an idle relay looks for due rows (one index scan of unsent rows: a few a second cost nothing). Polling,
+ * not NOTIFY: a notifying commit takes a server-wide lock, which would serialise every create (see the migration).
+ * It also works as is behind a transaction pooler, where LISTEN cannot.
+ */
+export const POLL_INTERVAL_MS = 200;
+/** While the broker is away nothing is claimed; its 'connect' event wakes the relay, this only bounds a missed one. */
+export const BROKER_DOWN_POLL_MS = 10_000;
 /** Rows per round: enough to keep a confirm channel busy (publishes are pipelined, confirms arrive in bulk). */
 export const BATCH_SIZE = 200;
 /** A publish the broker has not confirmed in 5 s counts as failed: its row is due again (ORDER_EVENTS_LEASE_MS is longer). */
@@ -59,14 +59,12 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     retryAfterErrorMs: POLL_INTERVAL_MS,
     logger: { warn: (message) => this.logger.warn(message) },
   });
-  private listener: NotificationListener | undefined;
   private brokerUp = false;
 
   constructor(
     private readonly db: Database,
     private readonly metrics: OrderEventsMetrics,
     @Inject(APP_CONFIG) private readonly config: AppConfig,
-    @Inject(ORDER_EVENTS_DATABASE_URL) private readonly databaseUrl: string,
   ) {}
 
   /** off: AMQP_URL unset (events wait in the outbox); else whether the broker connection is up right now. */
@@ -103,42 +101,17 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     });
     this.channel.on('error', (err: Error) => this.logger.warn({ err: err.message }, 'order events channel setup failed'));
     this.loop.start();
-    void this.startListening();
-  }
-
-  private async startListening(): Promise<void> {
-    try {
-      const listener = await listenForNotifications({
-        databaseUrl: this.databaseUrl,
-        channel: ORDER_EVENTS_CHANNEL,
-        // The outbox's trigger NOTIFYs only while a connection of this name is on the database.
-        applicationName: RELAY_LISTENER_NAME,
-        pooled: (port) => poolerSuspicion(this.databaseUrl, port) !== undefined,
-        warn: (message) => this.logger.warn(message),
-        notified: () => this.loop.wake(),
-        listening: (up) => {
-          this.loop.listening = up;
-          // Up again after a drop: notifications sent meanwhile are lost, so look now.
-          if (up) this.loop.wake();
-        },
-      });
-      if (this.loop.stopping) return void (await listener.stop());
-      this.listener = listener;
-      if (!listener.available) this.logger.log(`order events relay polls every ${POLL_INTERVAL_MS} ms: a transaction pooler is in between, where LISTEN cannot work`);
-    } catch (err) {
-      this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events listener failed to start; polling');
-    }
   }
 
   /** One round; never throws. Resolves with the wait until the next one. */
   private async runRound(): Promise<number> {
     try {
       // Nothing is claimed while the broker is away: the 'connect' event wakes the relay when it is back.
-      if (!this.brokerUp || !this.channel) return FALLBACK_POLL_MS;
+      if (!this.brokerUp || !this.channel) return BROKER_DOWN_POLL_MS;
       const due = await this.claimDue();
       if (due.length > 0) await this.publish(due);
       if (due.length === BATCH_SIZE) return 0;
-      return this.loop.listening ? await this.untilNextDue() : POLL_INTERVAL_MS;
+      return POLL_INTERVAL_MS;
     } catch (err) {
       this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events relay round failed');
       return POLL_INTERVAL_MS;
@@ -209,14 +182,6 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     }
   }
 
-  /** ms until the earliest unsent row is due (0 if one is due now), capped at FALLBACK_POLL_MS. */
-  private async untilNextDue(): Promise<number> {
-    const [next] = await this.db.query<{ ms: number | null }>(
-      `SELECT ceil(extract(epoch FROM min(available_at) - now()) * 1000)::int AS ms FROM order_events_outbox WHERE sent_at IS NULL`,
-    );
-    return next.ms === null ? FALLBACK_POLL_MS : Math.min(FALLBACK_POLL_MS, Math.max(0, next.ms));
-  }
-
   /**
    * Stops the rounds, waits for the running one (its confirmed rows get marked), then closes the channel and the
    * connection. Before the database pool closes (onApplicationShutdown), so the round's marks can still be written.
@@ -224,7 +189,6 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
   async onModuleDestroy(): Promise<void> {
     // Synchronously no new round from here on; the running one is awaited below.
     const rounds = this.loop.stop();
-    await this.listener?.stop();
     await rounds;
     await this.channel?.close().catch(() => undefined);
     await this.connection?.close().catch(() => undefined);
