@@ -76,17 +76,20 @@ export async function startServiceProcess(
 }
 
 /**
- * Runs the service expecting it to refuse to start; resolves with its exit code and output.
+ * Runs the service expecting it to exit by itself (a refused start, a fault hook); resolves with its exit code and
+ * output. Still running after `deadlineMs`, it is SIGKILLed (code null), so a test that fails never leaves it behind.
  * `cwd`: the working directory, where the service looks for its `.env` (default: this one); `main`: another built entry.
  */
 export async function runServiceToExit(
   env: Record<string, string>,
-  { cwd, main = MAIN }: { cwd?: string; main?: string } = {},
+  { cwd, main = MAIN, deadlineMs = START_DEADLINE_MS }: { cwd?: string; main?: string; deadlineMs?: number } = {},
 ): Promise<{ code: number | null; output: string }> {
   const child = spawn(process.execPath, [main], { env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  const overdue = setTimeout(() => child.kill('SIGKILL'), deadlineMs);
   const [code] = (await once(child, 'exit')) as [number | null];
+  clearTimeout(overdue);
   return { code, output };
 }
