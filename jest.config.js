@@ -21,7 +21,9 @@ export default {
     // package.json "imports": Jest does not read them; each lib's entry, as TypeScript source.
     '^#idempotency$': '<rootDir>/libs/idempotency/src/index.ts',
     '^#idempotency/internal$': '<rootDir>/libs/idempotency/src/internal.ts',
-    '^#psp-sandbox$': '<rootDir>/libs/psp-sandbox/src/index.ts',
+    '^#psp-sandbox$': '<rootDir>/apps/psp-sandbox/src/index.ts',
+    '^#service-kit$': '<rootDir>/libs/service-kit/src/index.ts',
+    '^#service-kit/embedded-postgres$': '<rootDir>/libs/service-kit/src/embedded-postgres.ts',
     '^#outbox-relay$': '<rootDir>/libs/outbox-relay/src/index.ts',
   },
   transform: {
@@ -32,7 +34,7 @@ export default {
     '/node_modules/content-disposition/.+\\.js$': ['@swc/jest', { module: { type: 'commonjs' } }],
   },
   transformIgnorePatterns: ['/node_modules/(?!(?:@fastify/static/node_modules/)?content-disposition/)'],
-  testMatch: ['<rootDir>/src/**/*.spec.ts', '<rootDir>/libs/*/src/**/*.spec.ts', '<rootDir>/test/**/*.e2e-spec.ts'],
+  testMatch: ['<rootDir>/src/**/*.spec.ts', '<rootDir>/libs/*/src/**/*.spec.ts', '<rootDir>/apps/*/src/**/*.spec.ts', '<rootDir>/test/**/*.e2e-spec.ts'],
   // bench/peer is its own package (Nest 10, its own node_modules): never part of this suite.
   modulePathIgnorePatterns: ['<rootDir>/bench/peer/'],
   globalSetup: '<rootDir>/test/support/global-setup.ts',

@@ -26,13 +26,13 @@ import { fileURLToPath } from 'node:url';
 import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
-import { applyMigrations } from '../src/database/apply-migrations.js';
 import { freePort } from '../src/common/free-port.js';
-import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 import { ORDER_TABLE_COLUMNS } from '../src/orders/order-columns.js';
 import { type PgBouncer, startPgBouncer } from '../test/support/pgbouncer.js';
 import { postgresCpuMs, postmasterPid, processCpuMs } from './proc-cpu.js';
+import { applyMigrations } from '#service-kit';
 
 const CONNECTIONS = 32;
 const DURATION_S = Number(process.env.BENCH_SECONDS ?? 8);
@@ -339,7 +339,7 @@ async function main(): Promise<void> {
     if (sandboxApart) {
       console.error('starting the sandbox provider (its own process and PostgreSQL)');
       sandboxServer = await startEmbeddedPostgres({ dir: join(dir, 'psp-pg'), port: await freePort(), socket: viaSocket, log: (l) => process.env.BENCH_DEBUG && console.error(l) });
-      sandbox = spawn(process.execPath, [fileURLToPath(new URL('../libs/psp-sandbox/src/main.js', import.meta.url))], {
+      sandbox = spawn(process.execPath, [fileURLToPath(new URL('../apps/psp-sandbox/src/main.js', import.meta.url))], {
         env: {
           PATH: process.env.PATH,
           PSP_PORT: '0',

@@ -21,10 +21,10 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
 import { freePort } from '../src/common/free-port.js';
-import { applyMigrations } from '../src/database/apply-migrations.js';
-import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 import { startRabbitMq } from '../test/support/rabbitmq.js';
+import { applyMigrations } from '#service-kit';
 
 const EVENTS = Number(process.env.BENCH_RELAY_EVENTS ?? 20_000);
 const RATE = Number(process.env.BENCH_RELAY_RATE ?? 200);

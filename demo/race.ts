@@ -22,13 +22,13 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { DataSource, type QueryRunner } from 'typeorm';
 import { claimMessageStatement, createProcessedMessagesTable } from '#idempotency';
-import { applyMigrations } from '../src/database/apply-migrations.js';
 import { freePort } from '../src/common/free-port.js';
-import { type EmbeddedServer, startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { type EmbeddedServer, startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 // The service's own statements, not copies: "ours" below is exactly what the service runs.
 import { TRANSITION_ORDER } from '../src/orders/orders.service.js';
 import { RESERVE_REFUND } from '../src/payments/refunds.service.js';
+import { applyMigrations } from '#service-kit';
 
 const PARALLEL = 50;
 /** Ours: the marks' table as the layer creates it (createProcessedMessagesTable), in the demo's scratch schema. */

@@ -4,11 +4,9 @@ import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { IdempotencyModule } from '#idempotency';
 import { LoggerModule } from 'nestjs-pino';
-import { randomUUID } from 'node:crypto';
-import type { IncomingMessage, Server } from 'node:http';
+import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ApiKeyGuard } from './common/api-key.guard.js';
-import { ProblemFilter } from './common/problem.filter.js';
 import { type AppConfig, LEASE_MARGIN_MS } from './config/app-config.js';
 import { APP_CONFIG, ConfigModule } from './config/config.module.js';
 import { DatabaseModule } from './database/database.module.js';
@@ -17,30 +15,13 @@ import { OrderEventsModule } from './events/order-events.module.js';
 import { HealthModule } from './health/health.module.js';
 import { MetricsModule } from './metrics/metrics.module.js';
 import { Registry } from 'prom-client';
-import { toProblem } from './common/problem.filter.js';
-import { problemType } from './common/problem.js';
 import { OrdersModule } from './orders/orders.module.js';
 import { PaymentsModule } from './payments/payments.module.js';
 import { PspClientModule } from './psp-client/psp-client.module.js';
 import { PspSandboxModule } from '#psp-sandbox';
 import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
 import { WebhooksModule } from './webhooks/webhooks.module.js';
-
-/** A caller's X-Request-Id is kept when it is a sane token, so logs correlate across services. */
-const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
-
-/**
- * X-Request-Id: the caller's when it is a sane token, else a new UUID. Fastify's genReqId (http-app.ts sends it
- * back on every response) and pino-http's both call this; the id is kept on the raw request, so they agree.
- */
-export function requestIdOf(req: IncomingMessage): string {
-  const withId = req as IncomingMessage & { id?: unknown };
-  if (typeof withId.id === 'string') return withId.id;
-  const given = req.headers['x-request-id'];
-  const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
-  withId.id = id;
-  return id;
-}
+import { ProblemFilter, problemType, requestIdOf, toProblem } from '#service-kit';
 
 /** Whether request lines (pino-http logs them at info) are written at this level. */
 const logsRequests = (level: AppConfig['logLevel']) => level === 'info' || level === 'debug' || level === 'trace';
@@ -79,10 +60,12 @@ export class AppModule {
         }),
         // No session settings: they ride with each transaction (Database), which a transaction pooler keeps.
         TypeOrmModule.forRoot(
-          typeormOptions(databaseUrl, {
-            poolSize: config.databasePoolSize,
-            poolWaitMs: config.databasePoolWaitMs,
-          }),
+          typeormOptions(
+            databaseUrl,
+            { poolSize: config.databasePoolSize, poolWaitMs: config.databasePoolWaitMs },
+            // Its migrations then run with the service's (main.ts applies this DataSource's list).
+            config.pspSandbox,
+          ),
         ),
         // The Idempotency-Key layer: its transactions (Database), the claim and replay, the atomic phases.
         IdempotencyModule.forRootAsync({
@@ -110,6 +93,7 @@ export class AppModule {
         OrdersModule,
         SubmitTokensModule,
         // The sandbox provider, in-process: on the embedded database, or on a real one when PSP_SANDBOX asks for it.
+        // The one import from src/ into an app, one way: the sandbox app imports nothing of src/ (lint), so `npm start` stays one command.
         ...(config.pspSandbox === 'off'
           ? []
           : [

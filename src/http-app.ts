@@ -1,123 +1,27 @@
-import { BadRequestException, type INestApplication, Logger as NestLogger, UnsupportedMediaTypeException, ValidationPipe } from '@nestjs/common';
+import type { INestApplication } from '@nestjs/common';
+import { Logger as NestLogger } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
-import type { ValidationError } from 'class-validator';
-import type { FastifyInstance, FastifyServerOptions } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { Logger } from 'nestjs-pino';
 import { readFile } from 'node:fs/promises';
-import { STATUS_CODES } from 'node:http';
-import type { Socket } from 'node:net';
 import { resolve } from 'node:path';
-import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
-import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
-import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
+import {
+  applyHttpRules,
+  documentOnEveryOperation,
+  httpServerOptions,
+  ProblemException,
+  problemSchemas,
+  REQUEST_BODY_PROBLEMS,
+  sendProblem,
+  UNSUPPORTED_MEDIA_TYPE,
+} from '#service-kit';
+import { AppModule, type AppOptions } from './app.module.js';
 import { QuietStartupLogger } from './common/quiet-startup-logger.js';
-import { plainProblem, PROBLEM_CONTENT_TYPE, ProblemException } from './common/problem.js';
-import { sendProblem } from './common/problem.filter.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from '#psp-sandbox';
-import { keepsRawBody } from './webhooks/webhook-raw-body.js';
-
-/**
- * The largest body we parse. A create has at most 100 short lines (~15 KiB of JSON); 64 KiB leaves
- * room and bounds what one request can make us parse.
- */
-export const BODY_LIMIT_BYTES = 64 * 1024;
-
-function flattenErrors(errors: ValidationError[], prefix = ''): { field: string; messages: string[] }[] {
-  return errors.flatMap((e) => {
-    const field = prefix ? `${prefix}.${e.property}` : e.property;
-    const own = e.constraints ? [{ field, messages: Object.values(e.constraints) }] : [];
-    return [...own, ...flattenErrors(e.children ?? [], field)];
-  });
-}
-
-export function validationProblem(errors: ValidationError[]): ProblemException {
-  const flat = flattenErrors(errors);
-  const detail = flat.map((e) => `${e.field}: ${e.messages.join('; ')}`).join(' | ') || 'The request is not valid.';
-  return ProblemException.of(400, 'validation-failed', 'Validation failed', detail, { errors: flat });
-}
-
-/**
- * Deeper JSON than any request of ours (an order is 3 levels) is refused before anything walks
- * it recursively: 10 000 nested arrays fit in 20 KB and would overflow the stack of the
- * validator and the fingerprint (a 500 on client input). JSON.parse itself copes.
- */
-export const MAX_JSON_DEPTH = 32;
-
-/** Text PostgreSQL cannot store as sent: NUL is refused by text and jsonb, and a lone surrogate is
- * silently replaced, so a repeated create would no longer compare equal to what was stored. */
-const unstorable = (text: string) => text.includes('\u0000') || !text.isWellFormed();
-
-/**
- * Why a parsed body must be refused before anything else reads it, or undefined when it is fine.
- * Iterative, so the check itself cannot overflow the stack it protects.
- */
-export function bodyDefect(value: unknown, maxDepth: number): string | undefined {
-  const stack: [unknown, number][] = [[value, 1]];
-  while (stack.length) {
-    const [node, depth] = stack.pop()!;
-    if (typeof node === 'string') {
-      if (unstorable(node)) return 'A string in the JSON body contains a NUL character or an unpaired surrogate.';
-      continue;
-    }
-    if (node === null || typeof node !== 'object') continue;
-    if (depth > maxDepth) return `The JSON body is nested deeper than ${maxDepth} levels.`;
-    for (const [key, child] of Object.entries(node)) {
-      if (unstorable(key)) return 'A key in the JSON body contains a NUL character or an unpaired surrogate.';
-      stack.push([child, depth + 1]);
-    }
-  }
-  return undefined;
-}
-
-/** application/json or application/*+json, parameters allowed: the media types we read as JSON. */
-const JSON_MEDIA_TYPE = /^\s*application\/(?:[^;\s/]+\+)?json\s*(?:;|$)/i;
-const CHARSET_PARAMETER = /;\s*charset\s*=\s*"?([^";\s]*)"?/i;
-
-/**
- * How every JSON body is read, here and in the sandbox provider's own process:
- * - a body that is not JSON is refused before anything runs (415), rather than silently ignored;
- * - at most 64 KiB, parsed once; an empty body is {};
- * - the webhook route keeps the exact bytes sent (a Buffer in req.body): its signature is over them;
- * - a parsed body too deep, or with text PostgreSQL cannot store, is a 400 before anything reads it.
- */
-function acceptJsonBodies(fastify: FastifyInstance): void {
-  fastify.addHook('onRequest', (req, _reply, done) => {
-    const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
-    if (!hasBody) return done();
-    const contentType = req.headers['content-type'] ?? '';
-    if (!JSON_MEDIA_TYPE.test(contentType)) {
-      return done(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
-    }
-    // The parser reads UTF-8 only: text in another charset would be stored garbled, not refused.
-    const charset = CHARSET_PARAMETER.exec(contentType)?.[1];
-    if (charset !== undefined && !/^utf-?8$/i.test(charset)) return done(new UnsupportedMediaTypeException(`unsupported charset "${charset.toUpperCase()}"`));
-    done();
-  });
-  fastify.removeAllContentTypeParsers();
-  // No body under another media type (curl -d '' sends a form type): nothing to parse, as if none were named.
-  // A body under one never gets here: the hook above refused it.
-  fastify.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: BODY_LIMIT_BYTES }, (_req, _body, done) => done(null, undefined));
-  fastify.addContentTypeParser(JSON_MEDIA_TYPE, { parseAs: 'buffer', bodyLimit: BODY_LIMIT_BYTES }, (req, body: Buffer, done) => {
-    if (keepsRawBody(req)) return done(null, body);
-    if (body.length === 0) return done(null, {});
-    try {
-      // A "__proto__" or "constructor.prototype" key is refused, so no later copy of the body can reach a prototype.
-      done(null, secureJson.parse(body, undefined, { protoAction: 'error', constructorAction: 'error' }));
-    } catch (err) {
-      done(new BadRequestException((err as Error).message));
-    }
-  });
-  fastify.addHook('preValidation', (req, _reply, done) => {
-    // A webhook's raw bytes: its consumer reads them once the signature says who sent them.
-    if (req.body === undefined || Buffer.isBuffer(req.body)) return done();
-    const defect = bodyDefect(req.body, MAX_JSON_DEPTH);
-    done(defect ? ProblemException.of(400, 'invalid-json-body', 'JSON body not accepted', defect) : undefined);
-  });
-}
 
 /** The name of the API-key security scheme (@ApiBearerAuth() refers to it by this default name). */
 const BEARER_AUTH = 'bearer';
@@ -207,86 +111,6 @@ export function buildOpenApiDocument(app: INestApplication) {
   documentOnEveryOperation(document, [...REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE]);
   document.components = { ...document.components, schemas: { ...document.components?.schemas, ...problemSchemas() } };
   return document;
-}
-
-/** The HTTP server as the service and the sandbox provider's own process run it. */
-export function httpServerOptions(): FastifyServerOptions {
-  const logger = new NestLogger('HttpServer');
-  return {
-    bodyLimit: BODY_LIMIT_BYTES,
-    // Node's own default, which Fastify turns off: a client sending its request slowly holds a socket for 5 minutes at most.
-    requestTimeout: 300_000,
-    // URLs as people type them: /Orders/ is /orders.
-    routerOptions: { caseSensitive: false, ignoreTrailingSlash: true },
-    // X-Request-Id: the caller's when it is a sane token, else a new UUID (pino-http logs the same one).
-    genReqId: requestIdOf,
-    // What the router refuses before Nest sees the request (a malformed URL, a path parameter over 100
-    // characters) is a problem too, with its request id.
-    frameworkErrors: (error, req, reply) => {
-      reply.header('X-Request-Id', req.id);
-      sendProblem(error, req, reply, logger);
-    },
-    // Served, then closed (see closeConnectionsWhenStopping), rather than Fastify's own non-problem 503.
-    return503OnClosing: false,
-    clientErrorHandler: refuseMalformedRequest,
-  };
-}
-
-/**
- * What Node's HTTP parser refuses before there is a request to route (not HTTP, two Content-Lengths, headers over
- * 16 KiB, the request timeout) is a problem too. There is no reply object yet: written on the socket, as Fastify's
- * own handler writes its JSON, and the connection closed (the parser cannot tell where the next request begins).
- */
-function refuseMalformedRequest(err: Error & { code?: string }, socket: Socket): void {
-  // A reset connection has nobody left to answer.
-  if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  const [status, detail] =
-    err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-      ? [408, 'The request did not arrive in time.']
-      : err.code === 'HPE_HEADER_OVERFLOW'
-        ? [431, 'The request headers are larger than 16 KiB.']
-        : [400, 'The request is not valid HTTP.'];
-  const body = JSON.stringify(plainProblem(status, detail));
-  if (socket.writable) {
-    socket.write(
-      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: ${PROBLEM_CONTENT_TYPE}; charset=utf-8\r\n` +
-        `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
-    );
-  }
-  socket.destroy(err);
-}
-
-/**
- * A stop (graceful-stop.ts) closes the server, which then waits for every open connection. One kept alive after
- * its last answer (nginx keeps a pool of them) would hold the stop for Fastify's 72 s keep-alive timeout, past
- * the stop's deadline. So while stopping, every answer closes its connection.
- */
-function closeConnectionsWhenStopping(fastify: FastifyInstance): void {
-  let stopping = false;
-  fastify.addHook('preClose', (done) => {
-    stopping = true;
-    done();
-  });
-  fastify.addHook('onSend', (_req, reply, payload, done) => {
-    if (stopping) reply.header('Connection', 'close');
-    done(null, payload);
-  });
-}
-
-/** What the service and the sandbox provider's own process share: how bodies are read and checked, and how a stop ends. */
-export function applyHttpRules(app: NestFastifyApplication): void {
-  const fastify = app.getHttpAdapter().getInstance();
-  acceptJsonBodies(fastify);
-  closeConnectionsWhenStopping(fastify);
-  app.useGlobalPipes(
-    new ValidationPipe({
-      whitelist: true,
-      forbidNonWhitelisted: true,
-      transform: true,
-      forbidUnknownValues: true,
-      exceptionFactory: validationProblem,
-    }),
-  );
 }
 
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */

@@ -2,14 +2,19 @@ import 'reflect-metadata';
 import type { NestFastifyApplication } from '@nestjs/platform-fastify';
 import { createServer } from 'node:net';
 import { DataSource } from 'typeorm';
-import { StartupError } from './common/startup-error.js';
-import { applyMigrations } from './database/apply-migrations.js';
-import { ConfigError, DEV_API_CLIENT, loadConfig, printableUrl } from './config/app-config.js';
+import { DEV_API_CLIENT, loadConfig, printableUrl } from './config/app-config.js';
 import { ORDER_EVENTS_EXCHANGE } from './events/order-events-outbox.js';
 import { loadEnvFile } from './config/load-env-file.js';
-import { databaseAddress, openDatabaseServer } from './database/database-server.js';
-import { stopOnSignals, takeOverSignals } from './graceful-stop.js';
 import { createHttpApp } from './http-app.js';
+import {
+  applyMigrations,
+  ConfigError,
+  databaseAddress,
+  openDatabaseServer,
+  StartupError,
+  stopOnSignals,
+  takeOverSignals,
+} from '#service-kit';
 
 const portInUse = (port: number, cause: unknown) =>
   new StartupError(`PORT ${port} is in use by another program (another npm start?): set PORT to a free port`, { cause });

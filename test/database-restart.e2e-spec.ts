@@ -14,7 +14,7 @@ import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { Pool } from 'pg';
 import request from 'supertest';
-import { type EmbeddedServer, runningEmbeddedServer, startEmbeddedPostgres } from '../src/database/embedded-postgres';
+import { type EmbeddedServer, runningEmbeddedServer, startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { freePort } from '../src/common/free-port';
 import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './support/service-process';
 import {

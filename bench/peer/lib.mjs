@@ -1,5 +1,5 @@
 // Process plumbing shared by run.mjs (bench), probes.mjs and compare.mjs: embedded PostgreSQL (the service's
-// own src/database/embedded-postgres.ts, from the root build in dist/), redis-server when installed, the peer
+// own libs/service-kit/src/embedded-postgres.ts, from the root build in dist/), redis-server when installed, the peer
 // app, our service. Every process started here is tracked and stopped by stopAll() (finally, or on a signal).
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -61,7 +61,7 @@ export async function stopChild(child, signal = 'SIGTERM') {
 
 /** A fresh embedded PostgreSQL in a temp folder, removed on stop, reached as ours is (its Unix socket unless BENCH_SOCKET=0). Returns { url, dataDir, postmaster }. */
 export async function startPostgres(tag) {
-  const { startEmbeddedPostgres } = await import(dist('src/database/embedded-postgres.js'));
+  const { startEmbeddedPostgres } = await import(dist('libs/service-kit/src/embedded-postgres.js'));
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `idempotent-orders-${tag}-`));
   fs.chmodSync(dir, 0o755);
   const dataDir = path.join(dir, 'pg');

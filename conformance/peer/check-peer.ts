@@ -14,7 +14,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { freePort } from '../../src/common/free-port.js';
-import { startEmbeddedPostgres } from '../../src/database/embedded-postgres.js';
+import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import type { Outcome } from '../checks.js';
 import type { KitConfig } from '../config.js';
 import type { KitReport } from '../kit.js';

@@ -1,14 +1,11 @@
-import { type CanActivate, type ExecutionContext, Inject, Injectable, SetMetadata } from '@nestjs/common';
+import { type CanActivate, type ExecutionContext, Inject, Injectable } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyRequest as Request } from 'fastify';
 import { APP_CONFIG } from '../config/config.module.js';
 import type { AppConfig } from '../config/app-config.js';
-import { ProblemException } from './problem.js';
+import { ProblemException, PUBLIC_ROUTE } from '#service-kit';
 
-const PUBLIC_ROUTE = 'publicRoute';
-/** Marks a route that needs no API key (health, metrics, webhooks that carry their own signature). */
-export const Public = () => SetMetadata(PUBLIC_ROUTE, true);
 
 declare module 'fastify' {
   interface FastifyRequest {

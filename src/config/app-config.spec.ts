@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
-import { ConfigError, DEV_API_CLIENT, DEV_WEBHOOK_SECRET, loadConfig } from './app-config.js';
+import { DEV_API_CLIENT, DEV_WEBHOOK_SECRET, loadConfig } from './app-config.js';
+import { ConfigError } from '#service-kit';
 
 type Env = Record<string, string | undefined>;
 

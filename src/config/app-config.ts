@@ -3,6 +3,8 @@
  * A bad value stops start-up with a message that names the variable (see `ConfigError`); every bad
  * or missing variable is named at once, not one per start.
  */
+import { ConfigError } from '#service-kit';
+
 export interface ApiClient {
   clientId: string;
   secret: string;
@@ -89,30 +91,6 @@ export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmd
 
 /** Slack the lease keeps beyond the outbound client's attempts, for the phase-1 and phase-3 transactions (docs/contract.md#outbound-client). */
 export const LEASE_MARGIN_MS = 2_000;
-
-export class ConfigError extends Error {
-  /** `PORT must be … (got "x")`: this variable's problem alone. */
-  readonly problem: string;
-  /** Every variable named, in the order checked (several when several are bad). */
-  variables: string[];
-
-  constructor(readonly variable: string, problem: string, value: string) {
-    const detail = `${variable} ${problem} (got ${JSON.stringify(value)})`;
-    super(`Invalid configuration: ${detail}`);
-    this.name = 'ConfigError';
-    this.problem = detail;
-    this.variables = [variable];
-  }
-
-  /** One error for all the problems found: the first one's variable, a message with one line each. */
-  static of(errors: ConfigError[]): ConfigError {
-    if (errors.length === 1) return errors[0];
-    const all = new ConfigError(errors[0].variable, '', '');
-    all.message = [`Invalid configuration (${errors.length} variables):`, ...errors.map((e) => `  ${e.problem}`)].join('\n');
-    all.variables = errors.map((e) => e.variable);
-    return all;
-  }
-}
 
 type Env = Record<string, string | undefined>;
 

@@ -1,8 +1,8 @@
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ConfigError } from './app-config.js';
 import { loadEnvFile } from './load-env-file.js';
+import { ConfigError } from '#service-kit';
 
 describe('loadEnvFile', () => {
   let dir: string;

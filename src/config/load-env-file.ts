@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseEnv } from 'node:util';
-import { ConfigError } from './app-config.js';
+import { ConfigError } from '#service-kit';
 
 type Env = Record<string, string | undefined>;
 

@@ -2,7 +2,7 @@ import { Inject, Injectable, Module, type OnApplicationBootstrap } from '@nestjs
 import { Database } from '#idempotency';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
-import { poolerSuspicion } from './pooler-check.js';
+import { poolerSuspicion } from '#service-kit';
 
 /**
  * Refuses to start when named statements were left at their default and the server that answers

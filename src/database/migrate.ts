@@ -9,9 +9,9 @@ import { writeFileSync } from 'node:fs';
 import { DataSource, MigrationExecutor } from 'typeorm';
 import { loadDatabaseConfig } from '../config/app-config.js';
 import { loadEnvFile } from '../config/load-env-file.js';
-import { applyMigrations } from './apply-migrations.js';
-import { openDatabaseServer } from './database-server.js';
 import { typeormOptions } from './typeorm-options.js';
+import { pspSandboxMigrations } from '#psp-sandbox';
+import { applyMigrations, openDatabaseServer } from '#service-kit';
 
 function migrationSource(name: string, up: string[], down: string[]): string {
   const className = `${name}${Date.now()}`;
@@ -40,7 +40,12 @@ async function migrationStatus(dataSource: DataSource): Promise<{ lines: string[
   // In the order `run` applies them: by the timestamp that ends every name.
   const known = dataSource.migrations.map((m) => m.name ?? m.constructor.name).sort((a, b) => Number(a.slice(-13)) - Number(b.slice(-13)));
   const lines = known.map((name) => `${executed.has(name) ? '[X]' : '[ ]'} ${name}`);
-  for (const name of executed) if (!known.includes(name)) lines.push(`[?] ${name} (applied, but not in this build)`);
+  const sandbox = new Set(pspSandboxMigrations.map((m) => m.name));
+  for (const name of executed) {
+    if (known.includes(name)) continue;
+    // Applied where the sandbox provider was mounted in-process (or before it had migrations of its own): known, not pending.
+    lines.push(sandbox.has(name) ? `[X] ${name} (the sandbox provider's; it is not mounted here)` : `[?] ${name} (applied, but not in this build)`);
+  }
   const pending = known.filter((name) => !executed.has(name)).length;
   lines.push(pending ? `${pending} of ${known.length} migrations pending: npm run migration:run applies them` : `all ${known.length} migrations are applied`);
   return { lines, pending };
@@ -58,7 +63,11 @@ async function main(): Promise<number> {
     console.error(`using the embedded PostgreSQL of pid ${server.sharedWith.pid} (${server.sharedWith.command}), which holds ${config.embeddedPgDir}`);
   }
   // DATABASE_MIGRATION_URL, when set, is PostgreSQL itself (DATABASE_URL may be a pooler).
-  const dataSource = new DataSource(typeormOptions(config.databaseMigrationUrl ?? server.url, { lockTimeoutMs: 60_000 }));
+  // The sandbox provider's tables where `npm start` would mount it (no PSP_BASE_URL, and the embedded database or
+  // PSP_SANDBOX=in-process): what it migrates, this migrates and shows.
+  const env = process.env;
+  const pspSandbox = !env.PSP_BASE_URL && (!config.databaseUrl || env.PSP_SANDBOX?.trim() === 'in-process') ? 'in-process' : 'off';
+  const dataSource = new DataSource(typeormOptions(config.databaseMigrationUrl ?? server.url, { lockTimeoutMs: 60_000 }, pspSandbox));
   try {
     await dataSource.initialize();
     switch (command) {

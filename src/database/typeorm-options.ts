@@ -10,6 +10,7 @@ import { SubmitToken } from '../submit-tokens/submit-token.entity.js';
 import { LateChargeRefund } from '../webhooks/late-charge-refund.entity.js';
 import { ProcessedWebhookEvent } from '../webhooks/processed-webhook-event.entity.js';
 import { migrations } from '../../migrations/index.js';
+import { pspSandboxMigrations } from '#psp-sandbox';
 
 export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund, ProviderAttempt, ProcessedWebhookEvent, LateChargeRefund];
 
@@ -26,13 +27,21 @@ export interface DatabaseTuning {
   poolWaitMs?: number;
 }
 
-/** One options object for the service, the tests and the migration CLI. */
-export function typeormOptions(url: string, tuning: DatabaseTuning): DataSourceOptions {
+/**
+ * The service's migrations, and the sandbox provider's where it is mounted in-process (AppConfig.pspSandbox): one
+ * DataSource, one migrations table, one timestamp order — the order they ran in when the sandbox's were the service's.
+ */
+export function serviceMigrations(pspSandbox: 'in-process' | 'off') {
+  return pspSandbox === 'in-process' ? [...migrations, ...pspSandboxMigrations] : migrations;
+}
+
+/** One options object for the service, the tests and the migration CLI; the tools run the sandbox in-process. */
+export function typeormOptions(url: string, tuning: DatabaseTuning, pspSandbox: 'in-process' | 'off' = 'in-process'): DataSourceOptions {
   return {
     type: 'postgres',
     url,
     entities,
-    migrations,
+    migrations: serviceMigrations(pspSandbox),
     // The schema changes only through reviewed migrations.
     synchronize: false,
     migrationsRun: false,

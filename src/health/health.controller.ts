@@ -1,10 +1,8 @@
 import { Controller, Get, ServiceUnavailableException } from '@nestjs/common';
 import { ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
 import { HealthCheck, type HealthCheckResult, HealthCheckService, TypeOrmHealthIndicator } from '@nestjs/terminus';
-import { Public } from '../common/api-key.guard.js';
-import { ApiProblems, UNSUPPORTED_MEDIA_TYPE } from '../common/api-problem-responses.js';
-import { ProblemException } from '../common/problem.js';
 import { OrderEventsRelay, type RelayState } from '../events/order-events-relay.js';
+import { ApiProblems, ProblemException, Public, UNSUPPORTED_MEDIA_TYPE } from '#service-kit';
 
 /** A probe that waits longer than this calls the database down: a health check must answer fast, even during an outage. */
 const PING_TIMEOUT_MS = 1_000;

@@ -1,8 +1,7 @@
 import { Controller, Get, Global, Header, Module } from '@nestjs/common';
 import { ApiOkResponse, ApiOperation, ApiProduces, ApiTags } from '@nestjs/swagger';
 import { collectDefaultMetrics, Histogram, Registry } from 'prom-client';
-import { Public } from '../common/api-key.guard.js';
-import { ApiProblems, UNSUPPORTED_MEDIA_TYPE } from '../common/api-problem-responses.js';
+import { ApiProblems, Public, UNSUPPORTED_MEDIA_TYPE } from '#service-kit';
 
 /** One registry per app instance (not prom-client's global), so several apps in one test process don't collide. */
 export function createRegistry(): Registry {

@@ -1,5 +1,5 @@
-import { ProblemException } from '../common/problem.js';
 import { parseIfMatch } from './if-match.js';
+import { ProblemException } from '#service-kit';
 
 function problemOf(header: string | undefined) {
   try {

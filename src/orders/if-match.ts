@@ -1,4 +1,4 @@
-import { ProblemException } from '../common/problem.js';
+import { ProblemException } from '#service-kit';
 
 /** Versions fit PostgreSQL's integer column; a larger number can name no version. */
 const MAX_VERSION = 2_147_483_647;

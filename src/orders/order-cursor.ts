@@ -1,5 +1,5 @@
 import { isUUID } from 'class-validator';
-import { ProblemException } from '../common/problem.js';
+import { ProblemException } from '#service-kit';
 
 /** A position in the (created_at DESC, id DESC) order. created_at is kept as PostgreSQL's text, to the microsecond. */
 export interface OrderCursor {

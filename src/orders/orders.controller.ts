@@ -18,15 +18,7 @@ import {
 } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
-import {
-  ApiProblems,
-  ORDER_ID_MEMBER,
-  ORDER_NOT_FOUND,
-  type ProblemExample,
-  UNAUTHORIZED,
-  UNSUPPORTED_MEDIA_TYPE,
-  VALIDATION_FAILED,
-} from '../common/api-problem-responses.js';
+import { ORDER_ID_MEMBER, ORDER_NOT_FOUND, UNAUTHORIZED } from '../common/api-problems.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { holdForConformance } from '../common/conformance-hold.js';
 import { IdempotencyMetrics } from '#idempotency/internal';
@@ -44,6 +36,7 @@ import { parseIfMatch, versionEtag } from './if-match.js';
 import { allowedFrom, nextStatuses } from './order-state-machine.js';
 import { ORDER_STATUSES, type OrderStatus } from './order-status.js';
 import { type ClientTransition, OrdersService } from './orders.service.js';
+import { ApiProblems, type ProblemExample, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '#service-kit';
 
 // Swagger UI renders descriptions as Markdown (HTML included): no angle brackets, or they vanish as a tag.
 const ETAG_HEADER = { ETag: { description: 'The order version in quotes, e.g. "3": send it back as If-Match to change the order.', schema: { type: 'string', example: '"1"' } } };

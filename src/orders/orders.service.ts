@@ -3,7 +3,6 @@ import { createHash, randomBytes } from 'node:crypto';
 import { isUUID } from 'class-validator';
 import { Database } from '#idempotency';
 import { canonicalJson } from '#idempotency/internal';
-import { ProblemException } from '../common/problem.js';
 import type { CreateOrderDto, OrderItemDto } from './dto/create-order.dto.js';
 import { DEFAULT_PAGE_SIZE, type ListOrdersQuery } from './dto/list-orders.query.js';
 import type { OrderPage, OrderView } from './dto/order.view.js';
@@ -16,6 +15,7 @@ import { decodeCursor, encodeCursor } from './order-cursor.js';
 import { ORDER_TABLE_COLUMNS } from './order-columns.js';
 import { allowedFrom, nextStatuses } from './order-state-machine.js';
 import type { OrderStatus } from './order-status.js';
+import { ProblemException } from '#service-kit';
 
 interface OrderRow {
   id: string;

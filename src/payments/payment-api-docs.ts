@@ -1,10 +1,10 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse, type SchemaObject } from '@nestjs/swagger';
-import { ApiProblems, type ProblemExample } from '../common/api-problem-responses.js';
 import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
 import { IDEMPOTENCY_KEY_EXAMPLES } from '../common/idempotent-endpoint.js';
 import { ORDER_STATUSES } from '../orders/order-status.js';
 import { PAYMENT_STATUSES } from './dto/payment.view.js';
+import { ApiProblems, type ProblemExample } from '#service-kit';
 
 const EXAMPLE_ORDER_ID = '6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f';
 const EXAMPLE_PAYMENT_ID = '9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a';

@@ -1,5 +1,5 @@
-import { ProblemException } from '../common/problem.js';
 import type { OrderStatus } from '../orders/order-status.js';
+import { ProblemException } from '#service-kit';
 
 /**
  * How long a client should wait before asking again about a payment whose outcome is not known

@@ -1,7 +1,7 @@
 import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req, Res } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
-import { ApiProblems, ORDER_NOT_FOUND, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '../common/api-problem-responses.js';
+import { ORDER_NOT_FOUND, UNAUTHORIZED } from '../common/api-problems.js';
 import {
   ApiPhasedIdempotencyKey,
   NOTHING_TO_PAY,
@@ -18,6 +18,7 @@ import { AtomicPhases, writeStoredResponse } from '#idempotency';
 import { PayOrderDto } from './dto/pay-order.dto.js';
 import { PaymentList, PaymentView } from './dto/payment.view.js';
 import { PaymentsService } from './payments.service.js';
+import { ApiProblems, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '#service-kit';
 
 
 @ApiTags('payments')

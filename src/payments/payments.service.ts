@@ -1,6 +1,5 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
-import { ProblemException, problemType } from '../common/problem.js';
 import { Database, type KeyScope } from '#idempotency';
 import { orderNotFound } from '../orders/orders.service.js';
 import type { OrderStatus } from '../orders/order-status.js';
@@ -12,6 +11,7 @@ import { PaymentReconciler } from './payment-reconciler.js';
 import { PaymentSettlement } from './payment-settlement.js';
 import { type KeyAnswer, PhasedOperation, type PhasedSubject } from './phased-operation.js';
 import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
+import { ProblemException, problemType } from '#service-kit';
 
 /**
  * POST /orders/:id/payments: the charge as a PhasedOperation (docs/patterns/phased-external-calls.md), with the payment as

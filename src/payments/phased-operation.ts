@@ -1,5 +1,4 @@
 import { Injectable } from '@nestjs/common';
-import type { ProblemException } from '../common/problem.js';
 import { AtomicPhases, Database, type KeyScope, type LeasedKey, problemResponse, type StoredResponse } from '#idempotency';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import { paymentPending, providerUnavailable } from './payment-problems.js';
@@ -7,6 +6,7 @@ import type { PaymentRow } from './payment-records.js';
 import { PaymentReconciler } from './payment-reconciler.js';
 import type { ProviderOutcome, Settled } from './payment-settlement.js';
 import { type AttemptTable, ProviderAttempts } from './provider-attempts.js';
+import { type ProblemException } from '#service-kit';
 
 /** What an idempotent payment endpoint answers: a stored response, sent as it is. */
 export interface KeyAnswer {

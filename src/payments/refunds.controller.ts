@@ -1,7 +1,7 @@
 import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req, Res } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
-import { ApiProblems, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '../common/api-problem-responses.js';
+import { UNAUTHORIZED } from '../common/api-problems.js';
 import {
   ApiPhasedIdempotencyKey,
   PAYMENT_NOT_FOUND,
@@ -18,6 +18,7 @@ import { AtomicPhases, writeStoredResponse } from '#idempotency';
 import { RefundPaymentDto } from './dto/refund-payment.dto.js';
 import { RefundList, RefundView } from './dto/refund.view.js';
 import { RefundsService } from './refunds.service.js';
+import { ApiProblems, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '#service-kit';
 
 
 @ApiTags('payments')

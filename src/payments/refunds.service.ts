@@ -1,6 +1,5 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
-import type { ProblemException } from '../common/problem.js';
 import { Database, type KeyScope } from '#idempotency';
 import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient } from '../psp-client/psp-client.js';
@@ -10,6 +9,7 @@ import { outboundKeyOf, PAYMENT_COLUMNS, type PaymentRow, prefixed, REFUND_COLUM
 import { PaymentSettlement } from './payment-settlement.js';
 import { type KeyAnswer, PhasedOperation } from './phased-operation.js';
 import { foundRefundOutcome, recordedOutcome, refundOutcome } from './provider-outcomes.js';
+import { type ProblemException } from '#service-kit';
 
 /**
  * Reserves $2 of payment $1's refundable amount: one conditional UPDATE, so refunds racing on one payment

@@ -1,4 +1,4 @@
-import { ProblemException } from '../common/problem.js';
+import { ProblemException } from '#service-kit';
 
 /** One answer for unknown, expired and another client's: nothing tells a caller whether a token exists. */
 export function submitTokenInvalid(): ProblemException {

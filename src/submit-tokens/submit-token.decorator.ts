@@ -1,8 +1,9 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader } from '@nestjs/swagger';
-import { ApiProblems, ORDER_ID_MEMBER } from '../common/api-problem-responses.js';
+import { ORDER_ID_MEMBER } from '../common/api-problems.js';
 import { idempotencyKeyOrSubmitTokenMissing, submitTokenInvalid, submitTokenUsed, submitTokenWithIdempotencyKey } from './submit-token-problems.js';
 import { SUBMIT_TOKEN_HEADER } from './submit-tokens.service.js';
+import { ApiProblems } from '#service-kit';
 
 /** Documents the Submit-Token header and its outcomes on a route that also takes an Idempotency-Key; the examples are the problems the route sends. */
 export function ApiSubmitToken() {

@@ -1,8 +1,9 @@
 import { Controller, HttpCode, HttpStatus, Post } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOperation, ApiProperty, ApiTags } from '@nestjs/swagger';
-import { ApiProblems, UNAUTHORIZED } from '../common/api-problem-responses.js';
+import { UNAUTHORIZED } from '../common/api-problems.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { SubmitTokensService } from './submit-tokens.service.js';
+import { ApiProblems } from '#service-kit';
 
 /** A submit token as the API shows it (docs/contract.md#json-shapes). */
 export class SubmitTokenView {

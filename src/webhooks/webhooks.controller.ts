@@ -1,11 +1,9 @@
 import { Controller, HttpCode, HttpStatus, Post, Req } from '@nestjs/common';
 import { ApiBody, ApiConsumes, ApiHeader, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
 import type { FastifyRequest } from 'fastify';
-import { Public } from '../common/api-key.guard.js';
-import { ApiProblems } from '../common/api-problem-responses.js';
 import { PspWebhookEvent, WebhookReceiptView } from './dto/psp-webhook-event.doc.js';
-import { KeepRawBody } from './webhook-raw-body.js';
 import { WebhooksService } from './webhooks.service.js';
+import { ApiProblems, KeepRawBody, Public } from '#service-kit';
 
 @ApiTags('webhooks')
 // No API key: the provider authenticates each delivery with its signature.

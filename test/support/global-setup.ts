@@ -8,7 +8,7 @@ import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { freePort } from '../../src/common/free-port';
-import { startEmbeddedPostgres } from '../../src/database/embedded-postgres';
+import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { startPgBouncer } from './pgbouncer';
 import type { TestRun } from './test-run';
 

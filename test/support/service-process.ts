@@ -18,7 +18,7 @@ export interface ServiceProcess {
 }
 
 /** The built sandbox provider, as `npm run psp` runs it (PSP_PORT=0 for a free port); its URL without the /psp prefix. */
-export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/libs/psp-sandbox/src/main.js');
+export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/apps/psp-sandbox/src/main.js');
 
 /**
  * The built service (`npm test` builds first) as its own OS process, as `npm start` runs it; `main`: another built entry.

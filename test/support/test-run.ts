@@ -1,4 +1,4 @@
-import type { EmbeddedServer } from '../../src/database/embedded-postgres';
+import type { EmbeddedServer } from '#service-kit/embedded-postgres';
 import type { PgBouncer } from './pgbouncer';
 
 /** Databases of one run share its id, so a run on a shared DATABASE_URL server cleans up only its own. */

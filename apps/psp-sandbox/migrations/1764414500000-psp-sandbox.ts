@@ -1,7 +1,7 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
 
 /**
- * The sandbox payment provider (libs/psp-sandbox): its own schema, so nothing of the service's
+ * The sandbox payment provider (apps/psp-sandbox): its own schema, so nothing of the service's
  * can join or lock its tables by accident, and dropping it removes the whole stand-in.
  * Raw SQL through its own pool, no TypeORM entities (so `migration:check` ignores it).
  */

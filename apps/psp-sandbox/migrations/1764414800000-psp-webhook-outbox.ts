@@ -1,7 +1,7 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
 
 /**
- * The sandbox provider's webhook outbox (libs/psp-sandbox/src/webhook-relay.ts): every recorded charge
+ * The sandbox provider's webhook outbox (apps/psp-sandbox/src/webhook-relay.ts): every recorded charge
  * and refund writes its event here in the SAME transaction, so an event exists exactly when its
  * charge or refund does — a crash can lose neither the one nor the other. The relay delivers
  * the rows at least once. Raw SQL on the sandbox's own pool, no entity (`migration:check` ignores it).

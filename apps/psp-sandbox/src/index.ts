@@ -1,7 +1,8 @@
 /**
- * The sandbox payment provider's public entry (`#psp-sandbox`): what a host app mounts and what tests drive.
- * Code outside libs/psp-sandbox imports only this file (lint forbids deep imports).
+ * The sandbox payment provider's public entry (`#psp-sandbox`): what a host app mounts, the migrations it must then
+ * apply, and what tests drive. Code outside apps/psp-sandbox imports only this file (lint forbids deep imports).
  */
+export { pspSandboxMigrations } from '../migrations/index.js';
 export { AnswerDelays } from './answer-delays.js';
 export { PSP_SANDBOX_TAG } from './psp-sandbox.controller.js';
 export { PspSandboxModule } from './psp-sandbox.module.js';

@@ -1,6 +1,5 @@
-import { type ProblemExample, VALIDATION_FAILED } from '../../../src/common/api-problem-responses.js';
-import { ProblemException } from '../../../src/common/problem.js';
 import { TEST_TOKEN_NAMES } from './test-tokens.js';
+import { type ProblemExample, ProblemException, VALIDATION_FAILED } from '#service-kit';
 
 /** The sandbox's refusals. Its 503s carry no Retry-After: a client must choose its own backoff (docs/contract.md#sandbox-provider). */
 export const pspUnavailable = () =>

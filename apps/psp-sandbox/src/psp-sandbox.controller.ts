@@ -1,9 +1,6 @@
 import { Body, Controller, Get, Headers, HttpCode, Post, Query, Res } from '@nestjs/common';
 import { ApiCreatedResponse, ApiExtraModels, ApiHeader, ApiOkResponse, ApiOperation, ApiResponse, ApiTags, getSchemaPath } from '@nestjs/swagger';
 import type { FastifyReply as Response } from 'fastify';
-import { Public } from '../../../src/common/api-key.guard.js';
-import { ApiProblems } from '../../../src/common/api-problem-responses.js';
-import { problemType } from '../../../src/common/problem.js';
 import { IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
 import { parseIdempotencyKey } from '#idempotency/internal';
 import { CreateChargeDto } from './dto/create-charge.dto.js';
@@ -15,6 +12,7 @@ import { PspRefundList, PspRefundView } from './dto/psp-refund.view.js';
 import { AnswerDelays } from './answer-delays.js';
 import { keyMissing, lookupNeedsFilter, PSP_PROBLEMS } from './psp-problems.js';
 import { type ProviderAnswer, PspSandboxService } from './psp-sandbox.service.js';
+import { ApiProblems, problemType, Public } from '#service-kit';
 
 /** The sandbox's tag in the OpenAPI document (declare it with this description beside the others). */
 export const PSP_SANDBOX_TAG = {

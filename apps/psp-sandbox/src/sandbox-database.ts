@@ -1,9 +1,8 @@
 import { Inject, Injectable, Logger, type OnApplicationShutdown } from '@nestjs/common';
 import pg from 'pg';
-import { ProblemException } from '../../../src/common/problem.js';
 import { listenForNotifications } from '#outbox-relay';
-import { poolerSuspicion } from '../../../src/database/pooler-check.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
+import { poolerSuspicion, ProblemException } from '#service-kit';
 
 /**
  * A few connections are plenty for a stand-in; being its own pool means the provider can never

@@ -207,15 +207,6 @@ export function ApiProblems(...problems: ProblemExample[]) {
   return applyDecorators(...problems.map(problemResponse));
 }
 
-/** The JSON Schema of an extension member that names an order. */
-export const ORDER_ID_MEMBER: SchemaObject = { type: 'string', format: 'uuid', description: 'The id of the order this problem is about.' };
-
-export const UNAUTHORIZED: ProblemExample = {
-  status: 401,
-  description: 'Missing or invalid API key.',
-  example: { type: 'urn:idempotent-orders:problem:unauthorized', title: 'Unauthorized', status: 401, detail: 'The API key is not valid.' },
-};
-
 export const VALIDATION_FAILED: ProblemExample = {
   status: 400,
   description: 'The request is malformed: invalid JSON, unknown or invalid fields.',
@@ -239,13 +230,7 @@ export const VALIDATION_FAILED: ProblemExample = {
   },
 };
 
-export const ORDER_NOT_FOUND: ProblemExample = {
-  status: 404,
-  description: 'No such order for this client.',
-  example: { type: 'urn:idempotent-orders:problem:order-not-found', title: 'Order not found', status: 404, detail: 'There is no order 6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f.' },
-};
-
-/** Any route: a request body that is not JSON is refused before anything runs (http-app.ts). */
+/** Any route: a request body that is not JSON is refused before anything runs (http-rules.ts). */
 export const UNSUPPORTED_MEDIA_TYPE: ProblemExample = {
   status: 415,
   description: 'A request body was sent that is not application/json.',

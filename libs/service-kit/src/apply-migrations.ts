@@ -4,7 +4,7 @@ import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 import { PG, pgErrorCode } from '#idempotency/internal';
 import { poolerSuspicion } from './pooler-check.js';
 
-// Any fixed number: every instance of this service takes the same advisory lock.
+// Any fixed number: every app of this repository (the service, the sandbox provider) takes the same advisory lock.
 const MIGRATION_LOCK = 7_400_101;
 
 /**
@@ -33,6 +33,23 @@ function boundLockWaits(dataSource: DataSource): void {
     };
     bounded.add(migration);
   }
+}
+
+/**
+ * A DataSource that only migrates (no entities): `migrations` applied in timestamp order, each in its own transaction,
+ * on one pooled connection (applyMigrations holds its lock on another).
+ */
+export function migrationDataSourceOptions(url: string, migrations: (new () => MigrationInterface)[], applicationName: string): DataSourceOptions {
+  return {
+    type: 'postgres',
+    url,
+    migrations,
+    synchronize: false,
+    migrationsRun: false,
+    migrationsTransactionMode: 'each',
+    uuidExtension: 'pgcrypto',
+    extra: { max: 1, application_name: applicationName },
+  };
 }
 
 /**

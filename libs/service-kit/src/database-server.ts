@@ -1,7 +1,13 @@
 import { Client } from 'pg';
-import { StartupError } from '../common/startup-error.js';
-import type { DatabaseConfig } from '../config/app-config.js';
+import { StartupError } from './startup-error.js';
 import type { DataFolderOwner } from './embedded-postgres.js';
+
+/** Where an app's database is: DATABASE_URL, or the embedded server's data folder and port when it is unset. */
+export interface EmbeddedDatabaseSettings {
+  databaseUrl?: string;
+  embeddedPgDir: string;
+  embeddedPgPort: number;
+}
 
 export interface DatabaseServer {
   url: string;
@@ -75,7 +81,7 @@ export interface OpenOptions {
 }
 
 /** DATABASE_URL when set; otherwise the embedded PostgreSQL in EMBEDDED_PG_DIR (kept across runs). */
-export async function openDatabaseServer(config: DatabaseConfig, { shareRunning = false }: OpenOptions = {}): Promise<DatabaseServer> {
+export async function openDatabaseServer(config: EmbeddedDatabaseSettings, { shareRunning = false }: OpenOptions = {}): Promise<DatabaseServer> {
   if (config.databaseUrl) {
     await checkConnects(config.databaseUrl);
     return { url: config.databaseUrl, embedded: false, stop: () => Promise.resolve() };

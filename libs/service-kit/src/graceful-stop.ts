@@ -1,5 +1,5 @@
 import type { INestApplication } from '@nestjs/common';
-import type { DatabaseServer } from './database/database-server.js';
+import type { DatabaseServer } from './database-server.js';
 
 // A stop that takes longer than this (a stuck request, a stuck database) is cut short.
 const SHUTDOWN_DEADLINE_MS = 10_000;

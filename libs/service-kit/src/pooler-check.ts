@@ -1,4 +1,4 @@
-import { ConfigError } from '../config/app-config.js';
+import { ConfigError } from './config-error.js';
 
 /** PostgreSQL's port when a URL names none. */
 const DEFAULT_PORT = 5432;

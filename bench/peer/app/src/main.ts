@@ -3,7 +3,7 @@ import { NestFactory } from '@nestjs/core';
 import { AppModule } from './app.module';
 
 // The runner (bench/peer/*.mjs) starts the embedded PostgreSQL
-// (the service's own src/database/embedded-postgres.ts, built) and passes DATABASE_URL.
+// (the service's own libs/service-kit/src/embedded-postgres.ts, built) and passes DATABASE_URL.
 async function bootstrap() {
   const databaseUrl = process.env.DATABASE_URL;
   if (!databaseUrl) throw new Error('DATABASE_URL is required (bench/peer/run.mjs starts the database)');

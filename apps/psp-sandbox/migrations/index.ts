@@ -1,0 +1,6 @@
+// The sandbox provider's own tables (schema psp). Their class names and timestamps are those they had when they were
+// the service's migrations: TypeORM records a migration by name, so a database migrated then sees them as applied.
+import { PspSandbox1764414500000 } from './1764414500000-psp-sandbox.js';
+import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbox.js';
+
+export const pspSandboxMigrations = [PspSandbox1764414500000, PspWebhookOutbox1764414800000];
