@@ -116,8 +116,10 @@ describe('fulfilment: RabbitMQ killed and started again under an attached consum
     // Exactly one effect and one mark per event; a delivery committed before the stop but not acked came back as a duplicate.
     expect(await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [all.map((e) => e.orderId)])).toBe(all.length);
     expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [all.map((e) => e.eventId)])).toBe(all.length);
+    // A delivery committed whose ack found its channel gone is counted once its redelivery is acked, as a duplicate.
     const seen = await outcomes();
-    expect(seen.applied).toBe(all.length);
+    expect(seen.applied).toBeLessThanOrEqual(all.length);
+    expect(seen.applied + (seen.duplicate ?? 0)).toBeGreaterThanOrEqual(all.length);
     expect(seen['dead-lettered'] ?? 0).toBe(0);
     expect(seen.retried ?? 0).toBe(0);
   }, 300_000);

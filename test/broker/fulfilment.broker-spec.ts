@@ -347,7 +347,21 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     expect(await health.json()).toEqual({ status: 'ok', database: 'up', broker: 'connected' });
   }, 120_000);
 
+  /** Empties the dead-letter queue, which earlier tests leave messages in. */
+  const purgeDeadLetters = async () => {
+    const connection = await connect(broker.url);
+    try {
+      const channel = await connection.createChannel();
+      await channel.purgeQueue(DEAD);
+      await channel.close();
+    } finally {
+      await connection.close();
+    }
+    await broker.untilQueueDepth(DEAD, { ready: 0, unacked: 0 });
+  };
+
   it('a batch (group commit) holding a poison message: the others commit once each, in shared transactions; the poison alone is retried, then dead-lettered', async () => {
+    await purgeDeadLetters();
     // A long gathering window: the first batch holds the poison and nine good messages.
     const consumer = await startConsumer({ FULFILMENT_BATCH_SIZE: '10', FULFILMENT_BATCH_WAIT_MS: '200', FULFILMENT_PREFETCH: '20' });
     const poisonId = randomUUID();
@@ -383,6 +397,7 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
   }, 120_000);
 
   it('SIGKILL between a batch\'s COMMIT and its acks: the whole batch redelivered, each found by its mark, no second effect', async () => {
+    await purgeDeadLetters();
     const events = Array.from({ length: 40 }, () => orderEvent('order.paid', randomUUID(), 2));
     const orderIds = events.map((e) => e.orderId);
     // The first consumer dies right after its first batch commits: its deliveries, committed, are never acked.
