@@ -1,34 +1,88 @@
 /**
- * node dist/bench/fulfilment-consumer.js — the fulfilment consumer's throughput and lag, against a consumer that is
- * already running (`npm run start:fulfilment`) on AMQP_URL and DATABASE_URL (the same values as the consumer's).
+ * npm run bench:consumer — the fulfilment consumer's throughput and lag. By default it starts what it needs: a real
+ * RabbitMQ (Debian's rabbitmq-server, through the tests' harness), an embedded PostgreSQL (its Unix socket), and the
+ * consumer as `npm run start:fulfilment` runs it (its own process; BENCH_CONSUMER_ENV='FULFILMENT_BATCH_SIZE=1 …'
+ * adds to its environment). With AMQP_URL and DATABASE_URL set, it measures a consumer already running on those.
  *
  * 1. Burst: BENCH_EVENTS (5000) `order.paid` published with confirms as fast as the broker takes them; effects/s is
- *    shipments created per second between the first and the last (each one its own transaction, claim + upsert).
+ *    shipments created per second between the first and the last (claim + upsert each, up to FULFILMENT_BATCH_SIZE
+ *    of them per transaction).
  * 2. Steady: BENCH_RATE (200) events/s for BENCH_SECONDS (20); lag is each shipment's created_at (its transaction's
  *    start) minus its event's occurredAt (the publish time): p50 / p99 / max.
  * Prints one `RESULT {json}` line. Numbers from a shared machine mean little: see bench/README.md.
  */
+import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { connect } from 'amqplib';
 import pg from 'pg';
+import { freePort } from '../src/common/free-port.js';
+import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { startRabbitMq } from '../test/support/rabbitmq.js';
 
 const EVENTS = Number(process.env.BENCH_EVENTS ?? 5000);
 const RATE = Number(process.env.BENCH_RATE ?? 200);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 20);
 const DEADLINE_MS = 300_000;
 
-function required(name: string): string {
-  const value = process.env[name];
-  if (!value) {
-    console.error(`${name} must be set (the running consumer's own)`);
-    process.exit(1);
-  }
-  return value;
+/** `KEY=value KEY2=value2` → an env object (for BENCH_CONSUMER_ENV). */
+const envPairs = (text: string): Record<string, string> =>
+  Object.fromEntries(
+    text
+      .split(/\s+/)
+      .filter(Boolean)
+      .map((pair): [string, string] => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]),
+  );
+
+/** The consumer as its own process; resolves once it listens (its banner), rejects if it exits first. */
+async function startConsumer(env: Record<string, string>): Promise<ChildProcess> {
+  const child = spawn(process.execPath, [fileURLToPath(new URL('../apps/fulfilment/src/main.js', import.meta.url))], {
+    env: { PATH: process.env.PATH ?? '', PORT: '0', ...env, ...envPairs(process.env.BENCH_CONSUMER_ENV ?? '') },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  let output = '';
+  await new Promise<void>((resolve, reject) => {
+    child.stdout.on('data', (chunk: Buffer) => {
+      output += chunk.toString();
+      if (output.includes('fulfilment listening on')) resolve();
+    });
+    child.once('exit', (code) => reject(new Error(`the consumer exited ${code}:\n${output}`)));
+  });
+  console.log(output.slice(output.indexOf('fulfilment listening on')).trim());
+  return child;
 }
 
 async function main(): Promise<void> {
-  const db = new pg.Pool({ connectionString: required('DATABASE_URL'), max: 2 });
-  const connection = await connect(required('AMQP_URL'));
+  if (process.env.AMQP_URL && process.env.DATABASE_URL) return measure(process.env.DATABASE_URL, process.env.AMQP_URL);
+  if (process.env.AMQP_URL || process.env.DATABASE_URL) throw new Error('set both AMQP_URL and DATABASE_URL (a running consumer), or neither');
+  const dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-bench-consumer-'));
+  await chmod(dir, 0o755);
+  const server = await startEmbeddedPostgres({ dir: join(dir, 'pg'), port: await freePort(), socket: true });
+  const databaseUrl = server.socketUrl ?? server.url;
+  let broker: Awaited<ReturnType<typeof startRabbitMq>> | undefined;
+  let consumer: ChildProcess | undefined;
+  try {
+    broker = await startRabbitMq();
+    consumer = await startConsumer({ DATABASE_URL: databaseUrl, AMQP_URL: broker.url });
+    await measure(databaseUrl, broker.url);
+  } finally {
+    if (consumer && consumer.exitCode === null && consumer.signalCode === null) {
+      consumer.kill('SIGTERM');
+      await once(consumer, 'exit');
+    }
+    await broker?.stop();
+    await server.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+async function measure(databaseUrl: string, amqpUrl: string): Promise<void> {
+  const db = new pg.Pool({ connectionString: databaseUrl, max: 2 });
+  const connection = await connect(amqpUrl);
   const channel = await connection.createConfirmChannel();
   await channel.assertExchange('orders.events', 'topic', { durable: true });
   const publish = (orderId: string) => {
@@ -97,5 +151,5 @@ async function main(): Promise<void> {
 
 main().catch((err: unknown) => {
   console.error(err);
-  process.exit(1);
+  process.exitCode = 1;
 });

@@ -346,4 +346,82 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     expect(health.status).toBe(200);
     expect(await health.json()).toEqual({ status: 'ok', database: 'up', broker: 'connected' });
   }, 120_000);
+
+  /** Empties the dead-letter queue, which earlier tests leave messages in. */
+  const purgeDeadLetters = async () => {
+    const connection = await connect(broker.url);
+    try {
+      const channel = await connection.createChannel();
+      await channel.purgeQueue(DEAD);
+      await channel.close();
+    } finally {
+      await connection.close();
+    }
+    await broker.untilQueueDepth(DEAD, { ready: 0, unacked: 0 });
+  };
+
+  it('a batch (group commit) holding a poison message: the others commit once each, in shared transactions; the poison alone is retried, then dead-lettered', async () => {
+    await purgeDeadLetters();
+    // A long gathering window: the first batch holds the poison and nine good messages.
+    const consumer = await startConsumer({ FULFILMENT_BATCH_SIZE: '10', FULFILMENT_BATCH_WAIT_MS: '200', FULFILMENT_PREFETCH: '20' });
+    const poisonId = randomUUID();
+    const good = Array.from({ length: 29 }, () => orderEvent('order.paid', randomUUID(), 2));
+    publisher.publishRaw('order.paid', poisonId, Buffer.from('{"eventId": not json'));
+    good.forEach((event) => publisher.publish(event));
+    await publisher.confirmed();
+
+    await until('the good events applied', 30_000, async () => (await shipments(good.map((e) => e.orderId))) === 29);
+    await broker.untilQueueDepth(DEAD, { ready: 1, unacked: 0 });
+    await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+    expect(await outcomes(consumer)).toEqual({ applied: 29, retried: MAX_ATTEMPTS - 1, 'dead-lettered': 1 });
+    // Several messages per transaction (a shipment's created_at is its transaction's start), each marked once.
+    const { rows } = await db.query<{ transactions: number; shipments: number }>(
+      `SELECT count(DISTINCT created_at)::int AS transactions, count(*)::int AS shipments FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])`,
+      [good.map((e) => e.orderId)],
+    );
+    expect(rows[0].shipments).toBe(29);
+    expect(rows[0].transactions).toBeLessThanOrEqual(10);
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [good.map((e) => e.eventId)])).toBe(29);
+    // Its savepoint rolled back with its mark: a fixed-up replay from the dead-letter queue would be applied.
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = $1`, [poisonId])).toBe(0);
+    const connection = await connect(broker.url);
+    try {
+      const channel = await connection.createChannel();
+      const dead = await channel.get(DEAD, { noAck: false });
+      expect(dead && dead.properties.messageId).toBe(poisonId);
+      if (dead) channel.ack(dead);
+      await channel.close();
+    } finally {
+      await connection.close();
+    }
+  }, 120_000);
+
+  it('SIGKILL between a batch\'s COMMIT and its acks: the whole batch redelivered, each found by its mark, no second effect', async () => {
+    await purgeDeadLetters();
+    const events = Array.from({ length: 40 }, () => orderEvent('order.paid', randomUUID(), 2));
+    const orderIds = events.map((e) => e.orderId);
+    // The first consumer dies right after its first batch commits: its deliveries, committed, are never acked.
+    const dying = await startConsumer({ FULFILMENT_FAULT: 'die-after-batch-commit', FULFILMENT_BATCH_SIZE: '10', FULFILMENT_BATCH_WAIT_MS: '200' });
+    events.forEach((event) => publisher.publish(event));
+    await publisher.confirmed();
+    expect(await dying.exited).toBeNull();
+    expect(dying.child.signalCode).toBe('SIGKILL');
+    consumers.splice(consumers.indexOf(dying), 1);
+    expect(dying.output()).toMatch(/die-after-batch-commit: dying before acking (\d+) committed messages/);
+    const committed = Number(/dying before acking (\d+)/.exec(dying.output())![1]);
+    expect(committed).toBeGreaterThan(1);
+    expect(await shipments(orderIds)).toBe(committed);
+
+    const survivor = await startConsumer();
+    await until('all 40 applied', 30_000, async () => (await shipments(orderIds)) === 40);
+    await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+    await until('40 deliveries settled', 30_000, async () => {
+      const seen = await outcomes(survivor);
+      return (seen.applied ?? 0) + (seen.duplicate ?? 0) === 40;
+    });
+    // The dead batch's messages came back and were found by their marks; the rest applied once.
+    expect(await outcomes(survivor)).toEqual({ applied: 40 - committed, duplicate: committed });
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [events.map((e) => e.eventId)])).toBe(40);
+    expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
+  }, 120_000);
 });

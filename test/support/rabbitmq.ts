@@ -38,6 +38,8 @@ export interface RabbitMq {
   epmdPid(): number | undefined;
   /** Stops the node and keeps its data: durable queues and persistent messages survive to `startBroker`. */
   stopBroker(): Promise<void>;
+  /** SIGKILLs the node by its pid (a crash, or a machine gone: no clean shutdown) and waits until it is gone; data kept. */
+  killBroker(): Promise<void>;
   /** Starts the node again on the same ports and data. */
   startBroker(): Promise<void>;
   restart(): Promise<void>;
@@ -153,6 +155,14 @@ export async function startRabbitMq(): Promise<RabbitMq> {
     await until('gone after SIGKILL', 5_000, () => !alive(stopping)).catch(() => undefined);
   };
 
+  const killBroker = async () => {
+    const killing = nodePid;
+    if (killing === undefined) return;
+    nodePid = undefined;
+    process.kill(killing, 'SIGKILL');
+    await until('gone after SIGKILL', 5_000, () => !alive(killing));
+  };
+
   const stopEpmd = async () => {
     const child = epmd;
     epmd = undefined;
@@ -208,6 +218,7 @@ export async function startRabbitMq(): Promise<RabbitMq> {
     pid: () => nodePid,
     epmdPid: () => epmd?.pid,
     stopBroker,
+    killBroker,
     startBroker,
     restart: async () => {
       await stopBroker();

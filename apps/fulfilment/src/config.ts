@@ -1,3 +1,5 @@
+import type { LogLevel } from '@nestjs/common';
+
 /**
  * The fulfilment consumer's configuration, read and validated once at start-up: every bad or missing variable is
  * named at once, and nothing has a default that would fail open.
@@ -15,10 +17,43 @@ export interface FulfilmentConfig {
   maxAttempts: number;
   /** How long a dedupe mark is kept (see docs/patterns/message-consumer.md#how-long-the-mark-lives). */
   markRetentionHours: number;
+  /** Group commit: most deliveries per transaction (1 = one transaction per message) and how long a batch gathers. */
+  batchSize: number;
+  batchWaitMs: number;
   databasePoolSize: number;
+  /** Tests only: `die-after-batch-commit` SIGKILLs the process between a batch's COMMIT and its acks. */
+  fault?: 'die-after-batch-commit';
+  /** What Nest's logger writes (LOG_LEVEL, pino's names as the service takes them). */
+  logLevels: LogLevel[] | false;
 }
 
+/** Nest's logger levels each LOG_LEVEL turns on (`debug`: a line per applied and duplicate message). */
+const LOG_LEVELS: Record<string, LogLevel[] | false> = {
+  silent: false,
+  fatal: ['fatal'],
+  error: ['fatal', 'error'],
+  warn: ['fatal', 'error', 'warn'],
+  info: ['fatal', 'error', 'warn', 'log'],
+  debug: ['fatal', 'error', 'warn', 'log', 'debug'],
+  trace: ['fatal', 'error', 'warn', 'log', 'debug', 'verbose'],
+};
+
 export class FulfilmentConfigError extends Error {}
+
+/** Every variable the consumer reads (`.env.example` lists them in its fulfilment section; a test holds the two together). */
+export const FULFILMENT_VARIABLES = [
+  'DATABASE_URL',
+  'AMQP_URL',
+  'PORT',
+  'FULFILMENT_PREFETCH',
+  'FULFILMENT_MAX_ATTEMPTS',
+  'FULFILMENT_MARK_RETENTION_HOURS',
+  'FULFILMENT_BATCH_SIZE',
+  'FULFILMENT_BATCH_WAIT_MS',
+  'DATABASE_POOL_SIZE',
+  'LOG_LEVEL',
+  'FULFILMENT_FAULT',
+] as const;
 
 type Env = Record<string, string | undefined>;
 
@@ -50,6 +85,23 @@ function url(env: Env, name: string, protocols: string[], example: string, probl
   return raw;
 }
 
+function logLevels(env: Env, problems: string[]): LogLevel[] | false {
+  const raw = env.LOG_LEVEL;
+  if (raw === undefined || raw === '') return LOG_LEVELS.info;
+  if (!Object.hasOwn(LOG_LEVELS, raw)) {
+    problems.push(`LOG_LEVEL must be one of ${Object.keys(LOG_LEVELS).join(', ')}, got "${raw}"`);
+    return LOG_LEVELS.info;
+  }
+  return LOG_LEVELS[raw];
+}
+
+function fault(env: Env, problems: string[]): FulfilmentConfig['fault'] {
+  const raw = env.FULFILMENT_FAULT;
+  if (raw === undefined || raw === '') return undefined;
+  if (raw !== 'die-after-batch-commit') problems.push(`FULFILMENT_FAULT must be die-after-batch-commit (tests only) or unset, got "${raw}"`);
+  return raw === 'die-after-batch-commit' ? raw : undefined;
+}
+
 export function loadFulfilmentConfig(env: Env = process.env): FulfilmentConfig {
   const problems: string[] = [];
   const config: FulfilmentConfig = {
@@ -61,7 +113,12 @@ export function loadFulfilmentConfig(env: Env = process.env): FulfilmentConfig {
     maxAttempts: integer(env, 'FULFILMENT_MAX_ATTEMPTS', 5, 1, 20, problems),
     // Seven days by default: longer than anything can redeliver or republish an event (the reasoning is in the doc).
     markRetentionHours: integer(env, 'FULFILMENT_MARK_RETENTION_HOURS', 168, 1, 24 * 365, problems),
+    // 10 of the 20 in flight: one batch gathers while the one before it commits. At most 50 (the layer's cap).
+    batchSize: integer(env, 'FULFILMENT_BATCH_SIZE', 10, 1, 50, problems),
+    batchWaitMs: integer(env, 'FULFILMENT_BATCH_WAIT_MS', 5, 0, 1_000, problems),
     databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 10, 1, 500, problems),
+    logLevels: logLevels(env, problems),
+    fault: fault(env, problems),
   };
   if (problems.length) throw new FulfilmentConfigError(`Invalid configuration: ${problems.join('; ')}`);
   return config;

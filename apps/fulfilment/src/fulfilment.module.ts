@@ -1,7 +1,8 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { APP_FILTER } from '@nestjs/core';
 import { TypeOrmModule } from '@nestjs/typeorm';
-import { IDEMPOTENT_MESSAGE_DEFAULTS, IdempotencyModule, ProblemDetailsFilter } from '#idempotency';
+import { writeSync } from 'node:fs';
+import { IDEMPOTENT_MESSAGE_DEFAULTS, IdempotencyModule, type IdempotentMessageDefaults, ProblemDetailsFilter } from '#idempotency';
 import { BrokerStatus } from './broker-status.js';
 import type { FulfilmentConfig } from './config.js';
 import { FULFILMENT_CONFIG } from './fulfilment.module-tokens.js';
@@ -10,6 +11,13 @@ import { createMetricsRegistry, METRICS_REGISTRY } from './metrics.js';
 import { OrderEventsController } from './order-events.controller.js';
 import { ProcessedMessageReaper } from './processed-message-reaper.js';
 import { ShipmentsService } from './shipments.service.js';
+
+/** FULFILMENT_FAULT=die-after-batch-commit (tests only): the crash between a batch's COMMIT and its acks. */
+function dieAfterBatchCommit(messageIds: string[]): void {
+  // Written synchronously: a buffered line would die with the process.
+  writeSync(2, `FULFILMENT_FAULT=die-after-batch-commit: dying before acking ${messageIds.length} committed messages\n`);
+  process.kill(process.pid, 'SIGKILL');
+}
 
 /**
  * The fulfilment consumer: order events in (RabbitMQ, @IdempotentMessage handlers), shipments out, and a small
@@ -45,7 +53,14 @@ export class FulfilmentModule {
         ProcessedMessageReaper,
         { provide: FULFILMENT_CONFIG, useValue: config },
         { provide: METRICS_REGISTRY, useValue: registry },
-        { provide: IDEMPOTENT_MESSAGE_DEFAULTS, useValue: { maxAttempts: config.maxAttempts } },
+        {
+          provide: IDEMPOTENT_MESSAGE_DEFAULTS,
+          useValue: {
+            maxAttempts: config.maxAttempts,
+            batch: { size: config.batchSize, waitMs: config.batchWaitMs },
+            afterBatchCommit: config.fault === 'die-after-batch-commit' ? dieAfterBatchCommit : undefined,
+          } satisfies IdempotentMessageDefaults,
+        },
         { provide: APP_FILTER, useClass: ProblemDetailsFilter },
       ],
     };

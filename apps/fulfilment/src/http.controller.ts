@@ -1,5 +1,5 @@
-import { Controller, Get, Header, HttpCode, Inject, NotFoundException, Param, ParseUUIDPipe, ServiceUnavailableException } from '@nestjs/common';
-import { Database } from '#idempotency';
+import { Controller, Get, Header, HttpCode, Inject, NotFoundException, Param, ParseUUIDPipe } from '@nestjs/common';
+import { Database, ProblemDetailsException } from '#idempotency';
 import type { Registry } from 'prom-client';
 import { BrokerStatus } from './broker-status.js';
 import { METRICS_REGISTRY } from './metrics.js';
@@ -35,7 +35,9 @@ export class HttpController {
     );
     const broker = this.broker.current;
     if (database !== 'up' || broker !== 'connected') {
-      throw new ServiceUnavailableException(`database ${database}, broker ${broker}`);
+      // A problem of our own: the filter hides a plain 5xx's message, and an operator needs to see which one is away.
+      const detail = `database ${database}, broker ${broker}`;
+      throw new ProblemDetailsException({ type: 'about:blank', title: 'Service Unavailable', status: 503, detail, database, broker });
     }
     return { status: 'ok', database: 'up', broker };
   }

@@ -20,11 +20,12 @@ async function bootstrap(): Promise<void> {
 
   const app = await NestFactory.create<NestFastifyApplication>(FulfilmentModule.forRoot(config), new FastifyAdapter(), {
     // Each applied or duplicate message is a debug line: LOG_LEVEL=debug to see them.
-    logger: process.env.LOG_LEVEL === 'debug' ? ['fatal', 'error', 'warn', 'log', 'debug'] : ['fatal', 'error', 'warn', 'log'],
+    logger: config.logLevels,
   });
   const microservice = app.connectMicroservice(rmqTransport(config), { inheritAppConfig: true });
   const status = app.get(BrokerStatus);
-  microservice.status.subscribe((s) => (status.current = String(s)));
+  // The transport reconnects by itself (amqp-connection-manager) and reports each step here; unblocked is connected again.
+  microservice.status.subscribe((s) => (status.current = String(s) === 'unblocked' ? 'connected' : String(s)));
   app.enableShutdownHooks();
   await app.startAllMicroservices();
   await app.listen(config.port, '0.0.0.0');
@@ -32,7 +33,7 @@ async function bootstrap(): Promise<void> {
   console.log(
     [
       `fulfilment listening on http://localhost:${port} (GET /health, GET /shipments/{orderId}, GET /metrics)`,
-      `  consuming fulfilment.order-events (prefetch ${config.prefetch}, dead-lettered after ${config.maxAttempts} attempts)`,
+      `  consuming fulfilment.order-events (prefetch ${config.prefetch}, up to ${config.batchSize} per transaction, dead-lettered after ${config.maxAttempts} attempts)`,
       `  schema fulfilment${applied.length ? `, applied ${applied.join(', ')}` : ', up to date'}`,
     ].join('\n'),
   );

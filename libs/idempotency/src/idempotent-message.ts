@@ -14,6 +14,8 @@ import { IdempotencyMetrics } from './idempotency-metrics.js';
  * the ack is sent only after COMMIT. A redelivery (a crash between COMMIT and ack, a duplicate publish, a second
  * consumer) finds the mark, commits nothing and is acked. A failure rolls both back and the message is sent
  * back (nack + requeue) until its last attempt, then dead-lettered (nack without requeue → the queue's DLX).
+ * With `batch` (a group commit), deliveries arriving together share ONE transaction, each under a savepoint of its
+ * own, and each is acked after that COMMIT.
  * Why each step is where it is: docs/patterns/message-consumer.md.
  */
 
@@ -52,14 +54,45 @@ export interface IdempotentMessageOptions {
    * IDEMPOTENT_MESSAGE_DEFAULTS provider (its configuration, known only at start-up), else 5.
    */
   maxAttempts?: number;
+  /**
+   * Group commit: deliveries that arrive within `waitMs` of the first (up to `size`) share one transaction, one
+   * savepoint per message, and are acked after its COMMIT. Default: the app's IDEMPOTENT_MESSAGE_DEFAULTS, else none
+   * (one transaction per message). `size` at most 50: PostgreSQL keeps 64 subtransactions per backend in shared memory.
+   */
+  batch?: MessageBatching;
+}
+
+export interface MessageBatching {
+  /** Most deliveries per transaction (2–50; 1 = one transaction per message). */
+  size: number;
+  /** How long the first delivery of a batch waits for others (ms). */
+  waitMs: number;
 }
 
 /** Provide this token (e.g. `{ maxAttempts: config.maxAttempts }`) to set what decorators leave unset. */
 export const IDEMPOTENT_MESSAGE_DEFAULTS = Symbol('IDEMPOTENT_MESSAGE_DEFAULTS');
 export interface IdempotentMessageDefaults {
   maxAttempts?: number;
+  batch?: MessageBatching;
+  /** Tests' fault hook: runs after a batch's COMMIT, before its acks, with the ids it committed. */
+  afterBatchCommit?: (messageIds: string[]) => void;
 }
-type ResolvedMessageOptions = Required<Omit<IdempotentMessageOptions, 'maxAttempts'>> & Pick<IdempotentMessageOptions, 'maxAttempts'>;
+type ResolvedMessageOptions = Required<Omit<IdempotentMessageOptions, 'maxAttempts' | 'batch'>> & Pick<IdempotentMessageOptions, 'maxAttempts' | 'batch'>;
+export const MAX_BATCH_SIZE = 50;
+// The marks' CHECK: a longer id would fail a batch's one claim for all of its messages, so it goes alone.
+const MAX_MESSAGE_ID_LENGTH = 255;
+
+/** One delivery on its way through the layer: settled (acked or nacked) exactly once, then `done`. */
+interface Delivery {
+  options: ResolvedMessageOptions;
+  messageId: string;
+  attempt: number;
+  message: AmqpMessage;
+  channel: AmqpChannel;
+  next: CallHandler;
+  done: () => void;
+}
+type BatchResult = { applied: boolean } | { err: unknown };
 
 /** Attempts so far, this one included: the quorum queue's `x-delivery-count` counts earlier deliveries. */
 export function deliveryAttempt(message: AmqpMessage): number {
@@ -69,6 +102,16 @@ export function deliveryAttempt(message: AmqpMessage): number {
 
 /** The claim ($1 consumer, $2 message id): a row back means this delivery is the first and goes on to the effect. */
 export const claimMessageStatement = (table: string) => `INSERT INTO ${table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1`;
+
+/**
+ * A batch's claim ($1 consumer, $2 message ids, distinct and sorted): the ids that came back are this batch's to
+ * apply. Sorted, so two batches claiming overlapping ids take their row locks in one order (no deadlock on marks).
+ */
+export const claimMessagesStatement = (table: string) =>
+  `INSERT INTO ${table} (consumer, message_id) SELECT $1, id FROM unnest($2::text[]) AS id ON CONFLICT DO NOTHING RETURNING message_id`;
+
+/** Errors that say nothing about the message: the database away, the pool exhausted, a lock wait or deadlock lost. */
+const notTheMessages = (err: unknown) => isDatabaseUnavailable(err) || err instanceof PoolExhaustedError || isTransientConflict(err);
 
 @Injectable()
 export class IdempotentMessageInterceptor implements NestInterceptor {
@@ -88,15 +131,27 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
     return from(this.handle(options, rpc.getData(), broker.getMessage() as AmqpMessage, broker.getChannelRef() as AmqpChannel, next));
   }
 
-  private async handle(options: ResolvedMessageOptions, data: unknown, message: AmqpMessage, channel: AmqpChannel, next: CallHandler): Promise<void> {
-    const { consumer, table } = options;
+  private handle(options: ResolvedMessageOptions, data: unknown, message: AmqpMessage, channel: AmqpChannel, next: CallHandler): Promise<void> {
+    const { consumer } = options;
     const messageId = options.key(data, message);
     const attempt = deliveryAttempt(message);
     if (!messageId) {
       // Without an identity a redelivery could not be told from a new message: refused, never applied unguarded.
       this.settle(channel, message, 'dead-lettered', consumer, { attempt }, 'a message without an id cannot be deduplicated');
-      return;
+      return Promise.resolve();
     }
+    return new Promise<void>((done) => {
+      const delivery: Delivery = { options, messageId, attempt, message, channel, next, done };
+      const batch = options.batch ?? this.defaults?.batch;
+      if (batch && batch.size > 1 && messageId.length <= MAX_MESSAGE_ID_LENGTH) this.enqueue(delivery, batch);
+      else void this.handleOne(delivery);
+    });
+  }
+
+  /** One delivery, one transaction: the claim, the handler's effect, COMMIT, then the ack. */
+  private async handleOne(delivery: Delivery): Promise<void> {
+    const { options, messageId, attempt, message, channel, next } = delivery;
+    const { consumer, table } = options;
     try {
       const applied = await this.whileDatabaseUnavailable({ consumer, messageId }, () =>
         this.db.transaction(async () => {
@@ -110,8 +165,102 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
       // Only now, after COMMIT: a crash before this line redelivers the message, which then finds its mark.
       this.settle(channel, message, applied ? 'applied' : 'duplicate', consumer, { messageId, attempt });
     } catch (err) {
-      const last = attempt >= (options.maxAttempts ?? this.defaults?.maxAttempts ?? 5);
-      this.settle(channel, message, last ? 'dead-lettered' : 'retried', consumer, { messageId, attempt, err }, last ? `failed ${attempt} times` : 'failed, sent back');
+      this.settleFailure(delivery, err);
+    } finally {
+      delivery.done();
+    }
+  }
+
+  private settleFailure(delivery: Delivery, err: unknown): void {
+    const { options, messageId, attempt, message, channel } = delivery;
+    const last = attempt >= (options.maxAttempts ?? this.defaults?.maxAttempts ?? 5);
+    this.settle(channel, message, last ? 'dead-lettered' : 'retried', options.consumer, { messageId, attempt, err }, last ? `failed ${attempt} times` : 'failed, sent back');
+  }
+
+  /** Batches wait here per marks' table and consumer (one claim statement serves a batch). */
+  private readonly gathering = new Map<string, { deliveries: Delivery[]; timer?: NodeJS.Timeout }>();
+
+  private enqueue(delivery: Delivery, batch: MessageBatching): void {
+    const group = `${delivery.options.table} ${delivery.options.consumer}`;
+    let gathered = this.gathering.get(group);
+    if (!gathered) this.gathering.set(group, (gathered = { deliveries: [] }));
+    gathered.deliveries.push(delivery);
+    if (gathered.deliveries.length >= Math.min(batch.size, MAX_BATCH_SIZE)) this.startBatch(group, batch);
+    else gathered.timer ??= setTimeout(() => this.startBatch(group, batch), batch.waitMs);
+  }
+
+  /** Takes up to `size` gathered deliveries with distinct ids (a second copy of an id waits for the next batch) and runs them. */
+  private startBatch(group: string, batch: MessageBatching): void {
+    const gathered = this.gathering.get(group);
+    if (!gathered) return;
+    clearTimeout(gathered.timer);
+    gathered.timer = undefined;
+    const ids = new Set<string>();
+    const taken: Delivery[] = [];
+    const left: Delivery[] = [];
+    for (const delivery of gathered.deliveries) {
+      if (taken.length < Math.min(batch.size, MAX_BATCH_SIZE) && !ids.has(delivery.messageId)) {
+        ids.add(delivery.messageId);
+        taken.push(delivery);
+      } else left.push(delivery);
+    }
+    gathered.deliveries = left;
+    if (left.length) gathered.timer = setTimeout(() => this.startBatch(group, batch), batch.waitMs);
+    else this.gathering.delete(group);
+    void (taken.length === 1 ? this.handleOne(taken[0]) : this.handleBatch(taken));
+  }
+
+  /**
+   * A group commit: ONE transaction claims every mark of the batch in one statement, then applies each claimed
+   * message under a savepoint of its own (a message that fails rolls back only itself, and its mark with it), and
+   * COMMITs; only then is each delivery acked (or nacked, for those that failed). If the transaction fails as a
+   * whole (the database away, a deadlock lost, the COMMIT refused), nothing of it is settled: each delivery is run
+   * again in a transaction of its own, so one message can never hold the others back.
+   */
+  private async handleBatch(deliveries: Delivery[]): Promise<void> {
+    deliveries.sort((a, b) => (a.messageId < b.messageId ? -1 : a.messageId > b.messageId ? 1 : 0));
+    const { consumer, table } = deliveries[0].options;
+    let results: BatchResult[];
+    try {
+      results = await this.db.transaction(async () => {
+        const claimed = new Set(
+          (await this.db.query<{ message_id: string }>(claimMessagesStatement(table), [consumer, deliveries.map((d) => d.messageId)])).map((r) => r.message_id),
+        );
+        const out: BatchResult[] = [];
+        for (const [i, delivery] of deliveries.entries()) {
+          if (!claimed.has(delivery.messageId)) {
+            out.push({ applied: false });
+            continue;
+          }
+          // Deferred: the savepoint and its release ride with the handler's statements, no round trip of their own.
+          this.db.savepoint(`message_${i}`);
+          try {
+            await lastValueFrom(delivery.next.handle(), { defaultValue: undefined });
+            this.db.defer(`RELEASE SAVEPOINT message_${i}`);
+            out.push({ applied: true });
+          } catch (err) {
+            if (notTheMessages(err)) throw err;
+            // The message's own failure: its effect undone, and its mark, so that its retry can claim it again.
+            this.db.rollbackToSavepoint(`message_${i}`);
+            this.db.defer(`DELETE FROM ${table} WHERE consumer = $1 AND message_id = $2`, [consumer, delivery.messageId]);
+            out.push({ err });
+          }
+        }
+        return out;
+      });
+    } catch (err) {
+      this.logger.warn({ consumer, messages: deliveries.length, err }, 'a batch failed as a whole; its messages are tried again one by one');
+      await Promise.all(deliveries.map((delivery) => this.handleOne(delivery)));
+      return;
+    }
+    this.defaults?.afterBatchCommit?.(deliveries.map((d) => d.messageId));
+    // Only now, after COMMIT: each delivery acked on its own (never `allUpTo`: a delivery tag below these may belong
+    // to a message still held in another batch, whose ack must wait for its own COMMIT).
+    for (const [i, delivery] of deliveries.entries()) {
+      const result = results[i];
+      if ('err' in result) this.settleFailure(delivery, result.err);
+      else this.settle(delivery.channel, delivery.message, result.applied ? 'applied' : 'duplicate', consumer, { messageId: delivery.messageId, attempt: delivery.attempt });
+      delivery.done();
     }
   }
 
@@ -125,7 +274,7 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
       try {
         return await run();
       } catch (err) {
-        if (!(isDatabaseUnavailable(err) || err instanceof PoolExhaustedError || isTransientConflict(err))) throw err;
+        if (!notTheMessages(err)) throw err;
         this.logger.warn({ ...fields, err, retryInMs: wait }, 'database unavailable: the message is held and tried again');
         await new Promise((resolve) => setTimeout(resolve, wait));
       }
@@ -162,6 +311,7 @@ export function IdempotentMessage(options: IdempotentMessageOptions) {
     table,
     key: options.key ?? ((_data, message) => message.properties.messageId || undefined),
     maxAttempts: options.maxAttempts,
+    batch: options.batch,
   };
   return applyDecorators(SetMetadata(IDEMPOTENT_MESSAGE, resolved), UseInterceptors(IdempotentMessageInterceptor));
 }
