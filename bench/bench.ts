@@ -245,10 +245,10 @@ async function storm(url: string, databaseUrl: string): Promise<{ row: Row; exec
 /** More created orders than a pay run can use up: each pay needs an order of its own. */
 const PAY_ORDERS = 20_000;
 
-/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3, the call to the sandbox, its webhook. */
 /** Pay at c=4: the latency one payment sees when the service is not saturated (judged p99 ≤ 120 ms; c=32 is judged against its own p50). */
 const PAY_LIGHT_CONNECTIONS = 4;
 
+/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3, the call to the sandbox, its webhook. */
 async function pays(url: string, databaseUrl: string, name: string, connections = CONNECTIONS): Promise<Row> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 1 });
   const { rows } = await pool.query<{ id: string }>(
