@@ -1,4 +1,4 @@
-import { BadRequestException, type INestApplication, Logger as NestLogger, UnsupportedMediaTypeException, ValidationPipe } from '@nestjs/common';
+import { BadRequestException, type INestApplication, Logger as NestLogger, UnsupportedMediaTypeException } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
@@ -13,6 +13,7 @@ import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
 import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
+import { CompiledValidationPipe } from './common/compiled-validation.pipe.js';
 import { QuietStartupLogger } from './common/quiet-startup-logger.js';
 import { plainProblem, PROBLEM_CONTENT_TYPE, ProblemException } from './common/problem.js';
 import { sendProblem } from './common/problem.filter.js';
@@ -279,7 +280,8 @@ export function applyHttpRules(app: NestFastifyApplication): void {
   acceptJsonBodies(fastify);
   closeConnectionsWhenStopping(fastify);
   app.useGlobalPipes(
-    new ValidationPipe({
+    // ValidationPipe, with each DTO's rules planned once (compiled-validation.pipe.ts): the same verdicts and messages.
+    new CompiledValidationPipe({
       whitelist: true,
       forbidNonWhitelisted: true,
       transform: true,
