@@ -83,7 +83,7 @@ function toView(row: OrderRow): OrderView {
 
 const ORDER_NUMBER_BYTES = 12;
 /** Random bytes for this many order numbers are drawn at once: one randomBytes(12) per create was a getrandom system
- * call each, 2-4 % of a create's JavaScript (bench/README.md); Node's randomUUID keeps a pool the same way. */
+ * call each, 2-4 % of a create's JavaScript in a profile; Node's randomUUID keeps a pool the same way. */
 const ORDER_NUMBERS_PER_DRAW = 256;
 let randomPool = Buffer.alloc(0);
 let randomOffset = 0;

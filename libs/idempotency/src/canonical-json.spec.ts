@@ -58,7 +58,13 @@ describe('canonicalJson', () => {
 
   it('writes exactly the bytes of its earlier form (stored fingerprints), on any JSON value and with undefined members', () => {
     const withUndefined = fc.letrec((tie) => ({
-      value: fc.oneof({ depthSize: 'small' }, fc.jsonValue({ maxDepth: 2 }), fc.constant(undefined), fc.array(tie('value'), { maxLength: 4 }), fc.dictionary(fc.string(), tie('value'), { maxKeys: 5 })),
+      value: fc.oneof(
+        { depthSize: 'small' },
+        fc.jsonValue({ maxDepth: 2 }),
+        fc.constant(undefined),
+        fc.array(tie('value'), { maxLength: 4 }),
+        fc.dictionary(fc.string(), tie('value'), { maxKeys: 5 }),
+      ),
     })).value;
     fc.assert(
       fc.property(fc.oneof(fc.jsonValue(), withUndefined), (value) => {
