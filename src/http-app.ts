@@ -1,4 +1,4 @@
-import { BadRequestException, type INestApplication, Logger as NestLogger, UnsupportedMediaTypeException } from '@nestjs/common';
+import { BadRequestException, type INestApplication, Logger as NestLogger, type LogLevel, UnsupportedMediaTypeException } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
@@ -12,6 +12,7 @@ import { resolve } from 'node:path';
 import secureJson from 'secure-json-parse';
 import { Registry } from 'prom-client';
 import { AppModule, type AppOptions, requestIdOf } from './app.module.js';
+import type { AppConfig } from './config/app-config.js';
 import { documentOnEveryOperation, problemSchemas, REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE } from './common/api-problem-responses.js';
 import { CompiledValidationPipe } from './common/compiled-validation.pipe.js';
 import { QuietStartupLogger } from './common/quiet-startup-logger.js';
@@ -291,6 +292,17 @@ export function applyHttpRules(app: NestFastifyApplication): void {
   );
 }
 
+/** Nest's levels for each LOG_LEVEL (pino's names): what Logger.isLevelEnabled answers. */
+const NEST_LOG_LEVELS: Record<AppConfig['logLevel'], LogLevel[]> = {
+  silent: [],
+  fatal: ['fatal'],
+  error: ['fatal', 'error'],
+  warn: ['fatal', 'error', 'warn'],
+  info: ['fatal', 'error', 'warn', 'log'],
+  debug: ['fatal', 'error', 'warn', 'log', 'debug'],
+  trace: ['fatal', 'error', 'warn', 'log', 'debug', 'verbose'],
+};
+
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */
 export async function createHttpApp(options: AppOptions): Promise<NestFastifyApplication> {
   const adapter = new FastifyAdapter(httpServerOptions());
@@ -299,6 +311,9 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     bodyParser: false,
   });
   app.useLogger(new QuietStartupLogger(app.get(Logger)));
+  // Nest's levels follow LOG_LEVEL, so that code asking Logger.isLevelEnabled (the idempotency layer's line per request)
+  // builds no line that pino would then drop.
+  NestLogger.overrideLogger(NEST_LOG_LEVELS[options.config.logLevel]);
   const fastify = app.getHttpAdapter().getInstance();
   const duration = httpDurationHistogram(app.get(Registry));
   // Before the body hooks (applyHttpRules), so that a request they refuse carries its id too.
