@@ -21,7 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { connect } from 'amqplib';
 import pg from 'pg';
 import { freePort } from '../src/common/free-port.js';
-import { startEmbeddedPostgres } from '../src/database/embedded-postgres.js';
+import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { startRabbitMq } from '../test/support/rabbitmq.js';
 
 const EVENTS = Number(process.env.BENCH_EVENTS ?? 5000);

@@ -1,5 +1,4 @@
-import type { INestApplication } from '@nestjs/common';
-import { Logger as NestLogger } from '@nestjs/common';
+import { type INestApplication, Logger as NestLogger, type LogLevel } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
@@ -19,6 +18,7 @@ import {
   UNSUPPORTED_MEDIA_TYPE,
 } from '#service-kit';
 import { AppModule, type AppOptions } from './app.module.js';
+import type { AppConfig } from './config/app-config.js';
 import { QuietStartupLogger } from './common/quiet-startup-logger.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from '#psp-sandbox';
@@ -113,6 +113,17 @@ export function buildOpenApiDocument(app: INestApplication) {
   return document;
 }
 
+/** Nest's levels for each LOG_LEVEL (pino's names): what Logger.isLevelEnabled answers. */
+const NEST_LOG_LEVELS: Record<AppConfig['logLevel'], LogLevel[]> = {
+  silent: [],
+  fatal: ['fatal'],
+  error: ['fatal', 'error'],
+  warn: ['fatal', 'error', 'warn'],
+  info: ['fatal', 'error', 'warn', 'log'],
+  debug: ['fatal', 'error', 'warn', 'log', 'debug'],
+  trace: ['fatal', 'error', 'warn', 'log', 'debug', 'verbose'],
+};
+
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */
 export async function createHttpApp(options: AppOptions): Promise<NestFastifyApplication> {
   const adapter = new FastifyAdapter(httpServerOptions());
@@ -121,6 +132,9 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     bodyParser: false,
   });
   app.useLogger(new QuietStartupLogger(app.get(Logger)));
+  // Nest's levels follow LOG_LEVEL, so that code asking Logger.isLevelEnabled (the idempotency layer's line per request)
+  // builds no line that pino would then drop.
+  NestLogger.overrideLogger(NEST_LOG_LEVELS[options.config.logLevel]);
   const fastify = app.getHttpAdapter().getInstance();
   const duration = httpDurationHistogram(app.get(Registry));
   // Before the body hooks (applyHttpRules), so that a request they refuse carries its id too.

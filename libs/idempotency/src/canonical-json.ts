@@ -12,10 +12,24 @@
  */
 export function canonicalJson(value: unknown): string {
   if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'null';
-  if (Array.isArray(value)) return `[${value.map((v) => (v === undefined ? 'null' : canonicalJson(v))).join(',')}]`;
-  const entries = Object.entries(value as Record<string, unknown>)
-    .filter(([, v]) => v !== undefined)
-    // Code-unit order, not localeCompare: the same on every machine, whatever its locale.
-    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-  return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(',')}}`;
+  // Loops and one string rather than entries/filter/sort/map/join arrays at every level: half the CPU, the same bytes
+  // (canonical-json.spec.ts holds it to the earlier form on generated values). It runs twice per create.
+  if (Array.isArray(value)) {
+    let out = '[';
+    for (let i = 0; i < value.length; i++) {
+      if (i > 0) out += ',';
+      // A hole stays empty, as map() + join() wrote it; JSON bodies have none.
+      if (i in value) out += value[i] === undefined ? 'null' : canonicalJson(value[i]);
+    }
+    return `${out}]`;
+  }
+  const object = value as Record<string, unknown>;
+  let members = '';
+  // sort() without a comparator orders by code unit, not locale: the same on every machine.
+  for (const key of Object.keys(object).sort()) {
+    const member = object[key];
+    if (member === undefined) continue;
+    members += `${members ? ',' : ''}${JSON.stringify(key)}:${canonicalJson(member)}`;
+  }
+  return `{${members}}`;
 }
