@@ -729,6 +729,140 @@ export interface components {
              */
             detail: string;
         };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-unknown-source (Unknown payment source). */
+        PspUnknownSourceProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-unknown-source";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:validation-failed (Validation failed). */
+        ValidationFailedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:validation-failed";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /** @description Each invalid field (a dotted path into the body or query) and what is wrong with it. */
+            errors: {
+                /** @example items.0.quantity */
+                field: string;
+                messages: string[];
+            }[];
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-missing (Idempotency-Key is missing). */
+        IdempotencyKeyMissingProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:idempotency-key-missing";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-malformed (Idempotency-Key is malformed). */
+        IdempotencyKeyMalformedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:idempotency-key-malformed";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-idempotency-key-reused (Idempotency-Key is already used). */
+        PspIdempotencyKeyReusedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-idempotency-key-reused";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-unavailable (Provider unavailable). */
+        PspUnavailableProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-unavailable";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-charge-not-found (Charge not found). */
+        PspChargeNotFoundProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-charge-not-found";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-refund-exceeds-charge (Refund exceeds the charge). */
+        PspRefundExceedsChargeProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-refund-exceeds-charge";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+            /** @description What remains refundable, in minor units. */
+            remainingMinor: number;
+        };
+        /** @description The problem of type urn:idempotent-orders:problem:psp-charge-not-refundable (Charge cannot be refunded). */
+        PspChargeNotRefundableProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:psp-charge-not-refundable";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
         /** @description The problem of type urn:idempotent-orders:problem:unsupported-media-type (Unsupported Media Type). */
         UnsupportedMediaTypeProblem: {
             /**
@@ -797,26 +931,6 @@ export interface components {
             /** @description What went wrong this time, for people. */
             detail?: string;
         };
-        /** @description The problem of type urn:idempotent-orders:problem:validation-failed (Validation failed). */
-        ValidationFailedProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:validation-failed";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-            /** @description Each invalid field (a dotted path into the body or query) and what is wrong with it. */
-            errors: {
-                /** @example items.0.quantity */
-                field: string;
-                messages: string[];
-            }[];
-        };
         /** @description The problem of type urn:idempotent-orders:problem:order-number-conflict (Order number already used). */
         OrderNumberConflictProblem: {
             /**
@@ -843,20 +957,6 @@ export interface components {
              * @enum {string}
              */
             type: "about:blank";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-malformed (Idempotency-Key is malformed). */
-        IdempotencyKeyMalformedProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:idempotency-key-malformed";
             /** @description A short summary for people; the same for every occurrence of the type. */
             title: string;
             /** @description The HTTP status code. */
@@ -899,20 +999,6 @@ export interface components {
              * @enum {string}
              */
             type: "urn:idempotent-orders:problem:idempotency-key-and-submit-token";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:idempotency-key-missing (Idempotency-Key is missing). */
-        IdempotencyKeyMissingProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:idempotency-key-missing";
             /** @description A short summary for people; the same for every occurrence of the type. */
             title: string;
             /** @description The HTTP status code. */
@@ -1315,92 +1401,6 @@ export interface components {
              * @enum {string}
              */
             type: "urn:idempotent-orders:problem:refund-not-found";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:psp-unknown-source (Unknown payment source). */
-        PspUnknownSourceProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:psp-unknown-source";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:psp-idempotency-key-reused (Idempotency-Key is already used). */
-        PspIdempotencyKeyReusedProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:psp-idempotency-key-reused";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:psp-unavailable (Provider unavailable). */
-        PspUnavailableProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:psp-unavailable";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:psp-charge-not-found (Charge not found). */
-        PspChargeNotFoundProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:psp-charge-not-found";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:psp-refund-exceeds-charge (Refund exceeds the charge). */
-        PspRefundExceedsChargeProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:psp-refund-exceeds-charge";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
-            /** @description What remains refundable, in minor units. */
-            remainingMinor: number;
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:psp-charge-not-refundable (Charge cannot be refunded). */
-        PspChargeNotRefundableProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:psp-charge-not-refundable";
             /** @description A short summary for people; the same for every occurrence of the type. */
             title: string;
             /** @description The HTTP status code. */
