@@ -367,7 +367,7 @@ async function main(): Promise<void> {
         API_KEYS: `bench:${SECRET}`,
         PSP_WEBHOOK_SECRET: webhookSecret,
         ...provider,
-        LOG_LEVEL: 'warn',
+        // LOG_LEVEL left at its default (info), as `npm start` runs: what a user's service pays for its logging.
         ...Object.fromEntries((process.env.BENCH_SERVICE_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.split('=')[0], pair.slice(pair.indexOf('=') + 1)])),
       },
       stdio: ['ignore', 'pipe', 'inherit'],

@@ -23,8 +23,11 @@ import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
 import { WebhooksModule } from './webhooks/webhooks.module.js';
 import { ProblemFilter, problemType, requestIdOf, toProblem } from '#service-kit';
 
-/** Whether request lines (pino-http logs them at info) are written at this level. */
-const logsRequests = (level: AppConfig['logLevel']) => level === 'info' || level === 'debug' || level === 'trace';
+/**
+ * Whether every request gets its line (pino-http): at debug and trace only. At the default info a successful request
+ * writes nothing, and a refused or failed one gets one line from the problem filter (sendProblem).
+ */
+const logsRequests = (level: AppConfig['logLevel']) => level === 'debug' || level === 'trace';
 
 export interface AppOptions {
   config: AppConfig;
@@ -40,10 +43,10 @@ export class AppModule {
       imports: [
         ConfigModule.forRoot(config),
         LoggerModule.forRoot({
-          // pino-http writes one line per request, at info. Above info it would write none, yet still build
-          // a child logger and run the rest of every request in an async context of its own (measured: 16 %
-          // of a create's CPU). So it is only installed when its lines are written; errors name their request
-          // id themselves (ProblemFilter), and every response carries X-Request-Id (http-app.ts).
+          // pino-http builds a child logger and runs the rest of every request in an async context of its own
+          // (measured: 16 % of a create's CPU), so it is installed only where a line per request is asked for
+          // (debug, trace). Refusals and failures name their request id themselves (sendProblem), and every
+          // response carries X-Request-Id (http-app.ts).
           ...(logsRequests(config.logLevel) ? {} : { forRoutes: [] }),
           pinoHttp: {
             level: config.logLevel,

@@ -72,7 +72,7 @@ function causeOf(exception: unknown): string {
  * Writes `exception` as a problem. ProblemFilter calls it for everything Nest routes; http-app for what Fastify's
  * router refuses before Nest sees the request (a malformed URL, an over-long path parameter).
  */
-export function sendProblem(exception: unknown, req: Request, res: Response, logger: Pick<Logger, 'error' | 'warn'>): void {
+export function sendProblem(exception: unknown, req: Request, res: Response, logger: Pick<Logger, 'error' | 'warn' | 'log'>): void {
   const { problem, headers } = toProblem(exception);
   if (problem.status === 500) {
     logger.error({ err: exception, requestId: req.id }, `unhandled error on ${req.method} ${req.originalUrl}`);
@@ -80,6 +80,9 @@ export function sendProblem(exception: unknown, req: Request, res: Response, log
     // An answer the service chose (the database down, every connection busy, a payment pending, the provider away):
     // expected while it lasts, so one line without a stack; an outage of thousands of requests must not bury the log.
     logger.warn({ requestId: req.id, type: problem.type, cause: causeOf(exception) }, `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`);
+  } else if (Logger.isLevelEnabled('log')) {
+    // A refusal (4xx): one line at info, the only line a request gets there (request lines are debug's, app.module.ts).
+    logger.log({ requestId: req.id, type: problem.type }, `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`);
   }
   if (res.sent || res.raw.headersSent) return;
   // A handler may have set these for a write that then rolled back (the idempotency layer records
