@@ -204,6 +204,15 @@ describe('HTTP contract', () => {
       expect(fieldsOf(nested)).toEqual(['items.0.colour']);
     });
 
+    it('an array where an order line is expected is a 400 naming the field, before anything reaches PostgreSQL', async () => {
+      for (const items of [[[{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }]], [[]], ['SKU-1']]) {
+        const res = await refused(() => post(order({ items })));
+        expectProblem(res, 400);
+        expect(res.body.type).toBe('urn:idempotent-orders:problem:validation-failed');
+        expect(fieldsOf(res)).toContain('items');
+      }
+    });
+
     it('a string where an integer is expected is a 400, not coerced', async () => {
       const res = await refused(() => post(order({ items: [{ sku: 'SKU-1', quantity: '2', unitPriceMinor: 1999 }] })));
       expectProblem(res, 400);
