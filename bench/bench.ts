@@ -252,8 +252,9 @@ const PAY_LIGHT_CONNECTIONS = 4;
 async function pays(url: string, databaseUrl: string, name: string, connections = CONNECTIONS): Promise<Row> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 1 });
   const { rows } = await pool.query<{ id: string }>(
-    `INSERT INTO orders (client_id, order_number, currency, total_minor) SELECT 'bench', 'pay-' || g, 'EUR', 4498 FROM generate_series(1, $1) g RETURNING id`,
-    [PAY_ORDERS],
+    // Order numbers of this row's own (pay-c32-…, pay-c4-…): each pay row inserts its orders afresh.
+    `INSERT INTO orders (client_id, order_number, currency, total_minor) SELECT 'bench', $2 || g, 'EUR', 4498 FROM generate_series(1, $1) g RETURNING id`,
+    [PAY_ORDERS, `pay-c${connections}-`],
   );
   await pool.end();
   let next = 0;

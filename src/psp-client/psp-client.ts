@@ -163,7 +163,8 @@ export class PspClient {
     this.metrics.calls.inc({ operation, outcome: result.kind });
     const fields = { operation, outboundKey, outcome: result.kind, ...('reason' in result ? { reason: result.reason } : {}), ...('status' in result ? { status: result.status } : {}) };
     if (result.kind === 'unknown' || result.kind === 'breaker-open') this.logger.warn(fields, 'psp call outcome unknown or not attempted');
-    else this.logger.log(fields, 'psp call answered');
+    // An answer is the success path: at debug, so that the default level writes nothing per call.
+    else this.logger.debug(fields, 'psp call answered');
     return result;
   }
 

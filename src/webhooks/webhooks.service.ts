@@ -109,7 +109,8 @@ export class WebhooksService {
     this.metrics.events.inc({ outcome: effect.outcome });
     const log = { webhookId, type, outcome: effect.outcome, detail: effect.detail, paymentId: effect.paymentId, refundId: effect.refundId };
     if (effect.alert) this.logger.error({ ...log, alert: true }, 'webhook disagrees with our records; recorded with no effect');
-    else this.logger.log(log, `webhook ${effect.outcome}`);
+    // The success path: at debug, so that the default level writes nothing per webhook.
+    else this.logger.debug(log, `webhook ${effect.outcome}`);
     if (effect.lateRefundId) this.lateRefunds.refundInBackground(effect.lateRefundId);
     return { webhookId, outcome: effect.outcome, detail: effect.detail };
   }
