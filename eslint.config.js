@@ -7,7 +7,10 @@ const ENTRY_ONLY = 'import the lib through its entry (`#<lib name>`, package.jso
 /** '../libs/idempotency/src/database', 'libs/idempotency/src': any path into some libs/<name>/src. */
 const DEEP_INTO_A_LIB = { regex: '(^|/)libs/[^/]+/src(/|$)', message: ENTRY_ONLY };
 /** From src/: '../apps/psp-sandbox/src/x': the service reaches an app it mounts through the app's `#entry` only. */
-const DEEP_INTO_AN_APP = { regex: '(^|/)apps/[^/]+/', message: 'import the app through its entry (`#<app name>`, package.json "imports"), not its files' };
+const DEEP_INTO_AN_APP = {
+  regex: '(^|/)apps/[^/]+/',
+  message: 'import the app through its entry (`#<app name>`, package.json "imports"), not its files',
+};
 /** From libs/a/src/…: '../../b/src/x' (a climb out of this lib, then into another's src). */
 const DEEP_INTO_ANOTHER_LIB = { regex: '^(\\.\\./)+[^./][^/]*/src(/|$)', message: ENTRY_ONLY };
 
@@ -23,7 +26,10 @@ function unitOf(file) {
  * so '../../../src/x.js' is caught at any depth (a path pattern cannot know how deep the importing file sits).
  */
 const staysInside = {
-  meta: { type: 'problem', messages: { outside: '{{unit}} must not import {{source}}: reach code outside it through a `#entry` (package.json "imports")' } },
+  meta: {
+    type: 'problem',
+    messages: { outside: '{{unit}} must not import {{source}}: reach code outside it through a `#entry` (package.json "imports")' },
+  },
   create(context) {
     const unit = unitOf(context.filename);
     if (!unit) return {};
@@ -32,7 +38,9 @@ const staysInside = {
       const source = node?.type === 'Literal' && typeof node.value === 'string' ? node.value : undefined;
       if (source === undefined) return;
       const local = source.startsWith('.') || source.startsWith('/');
-      const outside = local ? !`${resolve(dirname(context.filename), source)}${sep}`.startsWith(`${root}${sep}`) : /^(src|apps|libs)\//.test(source);
+      const outside = local
+        ? !`${resolve(dirname(context.filename), source)}${sep}`.startsWith(`${root}${sep}`)
+        : /^(src|apps|libs)\//.test(source);
       if (outside) context.report({ node, messageId: 'outside', data: { unit, source } });
     };
     return {
@@ -45,7 +53,19 @@ const staysInside = {
 };
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', 'coverage/', '.data/', 'bench/peer/', 'conformance/dist/', 'conformance/node_modules/', 'jest.config.js', 'eslint.config.js'] },
+  {
+    ignores: [
+      'dist/',
+      'node_modules/',
+      'coverage/',
+      '.data/',
+      'bench/peer/',
+      'conformance/dist/',
+      'conformance/node_modules/',
+      'jest.config.js',
+      'eslint.config.js',
+    ],
+  },
   eslint.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {
@@ -67,7 +87,10 @@ export default tseslint.config(
     ignores: ['test/generated/**'],
     plugins: { '@stylistic': stylistic },
     rules: {
-      '@stylistic/max-len': ['error', { code: 140, ignoreStrings: true, ignoreTemplateLiterals: true, ignoreRegExpLiterals: true, ignoreUrls: true }],
+      '@stylistic/max-len': [
+        'error',
+        { code: 140, ignoreStrings: true, ignoreTemplateLiterals: true, ignoreRegExpLiterals: true, ignoreUrls: true },
+      ],
     },
   },
   {

@@ -34,7 +34,12 @@ export default {
     '/node_modules/content-disposition/.+\\.js$': ['@swc/jest', { module: { type: 'commonjs' } }],
   },
   transformIgnorePatterns: ['/node_modules/(?!(?:@fastify/static/node_modules/)?content-disposition/)'],
-  testMatch: ['<rootDir>/src/**/*.spec.ts', '<rootDir>/libs/*/src/**/*.spec.ts', '<rootDir>/apps/*/src/**/*.spec.ts', '<rootDir>/test/**/*.e2e-spec.ts'],
+  testMatch: [
+    '<rootDir>/src/**/*.spec.ts',
+    '<rootDir>/libs/*/src/**/*.spec.ts',
+    '<rootDir>/apps/*/src/**/*.spec.ts',
+    '<rootDir>/test/**/*.e2e-spec.ts',
+  ],
   // bench/peer is its own package (Nest 10, its own node_modules): never part of this suite.
   modulePathIgnorePatterns: ['<rootDir>/bench/peer/'],
   globalSetup: '<rootDir>/test/support/global-setup.ts',

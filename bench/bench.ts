@@ -39,7 +39,13 @@ const DURATION_S = Number(process.env.BENCH_SECONDS ?? 8);
 const STORM_WIDTH = 50;
 const STORM_ROUNDS = 100;
 const SECRET = 'bench-secret-0123456789';
-const BODY = JSON.stringify({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor: 1999 }, { sku: 'SKU-2', quantity: 1, unitPriceMinor: 500 }] });
+const BODY = JSON.stringify({
+  currency: 'EUR',
+  items: [
+    { sku: 'SKU-1', quantity: 2, unitPriceMinor: 1999 },
+    { sku: 'SKU-2', quantity: 1, unitPriceMinor: 500 },
+  ],
+});
 
 interface Row {
   name: string;
@@ -73,9 +79,13 @@ async function withCpu(targets: CpuTargets, workload: () => Promise<Row>): Promi
   const service = processCpuMs(targets.servicePid) - service0;
   const pgMs = postgresCpuMs(targets.postmaster) - pg0;
   const per = (ms: number) => (row.requests > 0 ? ms / row.requests : NaN);
-  const sandbox = targets.sandbox && sandbox0
-    ? { sandboxCpuMs: per(processCpuMs(targets.sandbox.pid) - sandbox0[0]), sandboxPgCpuMs: per(postgresCpuMs(targets.sandbox.postmaster) - sandbox0[1]) }
-    : {};
+  const sandbox =
+    targets.sandbox && sandbox0
+      ? {
+          sandboxCpuMs: per(processCpuMs(targets.sandbox.pid) - sandbox0[0]),
+          sandboxPgCpuMs: per(postgresCpuMs(targets.sandbox.postmaster) - sandbox0[1]),
+        }
+      : {};
   return { ...row, serviceCpuMs: targets.servicePid ? per(service) : undefined, pgCpuMs: per(pgMs), ...sandbox };
 }
 
@@ -96,7 +106,8 @@ async function cannon(name: string, url: string, opts: Partial<autocannon.Option
  */
 async function directCreates(url: string): Promise<Row> {
   const pool = new pg.Pool({ connectionString: url, max: 20, pipeline: true });
-  const begin = 'BEGIN; SET LOCAL lock_timeout = 5000; SET LOCAL statement_timeout = 30000; SET LOCAL idle_in_transaction_session_timeout = 60000';
+  const begin =
+    'BEGIN; SET LOCAL lock_timeout = 5000; SET LOCAL statement_timeout = 30000; SET LOCAL idle_in_transaction_session_timeout = 60000';
   const lockKey = 'SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked';
   const findKey = `SELECT id, fingerprint, state, expires_at <= now() AS expired, response_status, response_headers, response_body
       FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
@@ -127,10 +138,18 @@ async function directCreates(url: string): Promise<Row> {
         if (!locked.rows[0].locked) throw new Error('a new key was locked');
         await Promise.all([
           client.query('SAVEPOINT idempotent_handler'),
-          client.query({ name: 'insert-order', text: insertOrder, values: ['bench', `ord_${randomUUID()}`, ['SKU-1', 'SKU-2'], [2, 1], [1999, 500], digest] }),
+          client.query({
+            name: 'insert-order',
+            text: insertOrder,
+            values: ['bench', `ord_${randomUUID()}`, ['SKU-1', 'SKU-2'], [2, 1], [1999, 500], digest],
+          }),
         ]);
         await Promise.all([
-          client.query({ name: 'record-key', text: recordKey, values: ['bench', key, digest, { 'content-type': 'application/json; charset=utf-8' }, BODY] }),
+          client.query({
+            name: 'record-key',
+            text: recordKey,
+            values: ['bench', key, digest, { 'content-type': 'application/json; charset=utf-8' }, BODY],
+          }),
           client.query('COMMIT'),
         ]);
       } catch {
@@ -210,7 +229,14 @@ async function uncontended(url: string): Promise<Row> {
   }
   alone.sort((a, b) => a - b);
   const seconds = alone.reduce((a, b) => a + b, 0) / 1000;
-  return { name: 'uncontended create (1 connection)', rps: alone.length / seconds, p50: percentile(alone, 50), p99: percentile(alone, 99), errors, requests: alone.length };
+  return {
+    name: 'uncontended create (1 connection)',
+    rps: alone.length / seconds,
+    p50: percentile(alone, 50),
+    p99: percentile(alone, 99),
+    errors,
+    requests: alone.length,
+  };
 }
 
 /**
@@ -218,7 +244,10 @@ async function uncontended(url: string): Promise<Row> {
  * different completed key — the same CPU queueing without the wait for a duplicate in flight.
  */
 async function distinctReplays(url: string, keys: string[]): Promise<Row> {
-  return roundsRow(`${STORM_WIDTH} concurrent replays of distinct completed keys (${STORM_ROUNDS} rounds)`, await rounds(() => Promise.all(keys.map((key) => post(url, key)))));
+  return roundsRow(
+    `${STORM_WIDTH} concurrent replays of distinct completed keys (${STORM_ROUNDS} rounds)`,
+    await rounds(() => Promise.all(keys.map((key) => post(url, key)))),
+  );
 }
 
 /** STORM_ROUNDS rounds of STORM_WIDTH simultaneous requests sharing one new key; then counts the orders each round created. */
@@ -265,7 +294,11 @@ async function pays(url: string, databaseUrl: string, name: string, connections 
     body: JSON.stringify({ source: 'tok_visa' }),
     requests: [
       {
-        setupRequest: (req) => ({ ...req, path: `/orders/${rows[next++ % rows.length].id}/payments`, headers: { ...req.headers, 'idempotency-key': randomUUID() } }),
+        setupRequest: (req) => ({
+          ...req,
+          path: `/orders/${rows[next++ % rows.length].id}/payments`,
+          headers: { ...req.headers, 'idempotency-key': randomUUID() },
+        }),
       },
     ],
   });
@@ -275,15 +308,30 @@ async function pays(url: string, databaseUrl: string, name: string, connections 
 function printRows(rows: Row[], loadAtStart: number, throughPooler: boolean): string {
   const ms = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(2));
   const load = `load average ${loadAtStart.toFixed(1)} at the start, ${loadavg()[0].toFixed(1)} at the end, on ${cpus().length} cores`;
-  const path = [throughPooler ? 'through PgBouncer (transaction mode)' : '', process.env.BENCH_SERVICE_ENV ? `service with ${process.env.BENCH_SERVICE_ENV}` : ''].filter(Boolean).join(', ');
-  console.log(`\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)${path ? `; ${path}` : ''}; ${load}\n`);
-  console.log('| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|');
+  const path = [
+    throughPooler ? 'through PgBouncer (transaction mode)' : '',
+    process.env.BENCH_SERVICE_ENV ? `service with ${process.env.BENCH_SERVICE_ENV}` : '',
+  ]
+    .filter(Boolean)
+    .join(', ');
+  console.log(
+    `\n${CONNECTIONS} connections, ${DURATION_S} s each (storm: ${STORM_WIDTH} at once, ${STORM_ROUNDS} rounds)${path ? `; ${path}` : ''}; ${load}\n`,
+  );
+  console.log(
+    '| workload | req/s | p50 ms | p99 ms | errors | service CPU ms/req | PostgreSQL CPU ms/req |\n|---|---:|---:|---:|---:|---:|---:|',
+  );
   for (const r of rows) {
-    console.log(`| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`);
+    console.log(
+      `| ${r.name} | ${r.rps.toFixed(0)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${r.errors} | ${ms(r.serviceCpuMs)} | ${ms(r.pgCpuMs)} |`,
+    );
   }
-  console.log('(CPU from /proc: utime+stime of the service process; of this run\'s postmaster and all its children. "–": no service in the path.)');
+  console.log(
+    '(CPU from /proc: utime+stime of the service process; of this run\'s postmaster and all its children. "–": no service in the path.)',
+  );
   for (const r of rows.filter((x) => x.sandboxCpuMs !== undefined)) {
-    console.log(`${r.name}: the sandbox's own process ${ms(r.sandboxCpuMs)} ms and its PostgreSQL ${ms(r.sandboxPgCpuMs)} ms of CPU per pay, apart from the columns above`);
+    console.log(
+      `${r.name}: the sandbox's own process ${ms(r.sandboxCpuMs)} ms and its PostgreSQL ${ms(r.sandboxPgCpuMs)} ms of CPU per pay, apart from the columns above`,
+    );
   }
   return load;
 }
@@ -309,7 +357,12 @@ async function main(): Promise<void> {
   // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
   // Over the Unix socket, as `npm start` and the peer's runs are; BENCH_SOCKET=0 measures loopback TCP instead.
   const viaSocket = process.env.BENCH_SOCKET !== '0';
-  const server = await startEmbeddedPostgres({ dir: pgDir, port: await freePort(), socket: viaSocket, log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+  const server = await startEmbeddedPostgres({
+    dir: pgDir,
+    port: await freePort(),
+    socket: viaSocket,
+    log: (l) => process.env.BENCH_DEBUG && console.error(l),
+  });
   const dbUrl = server.socketUrl ?? server.url;
   let service: ChildProcess | undefined;
   let sandbox: ChildProcess | undefined;
@@ -343,7 +396,12 @@ async function main(): Promise<void> {
     const sandboxApart = process.env.BENCH_PSP !== 'in-process';
     if (sandboxApart) {
       console.error('starting the sandbox provider (its own process and PostgreSQL)');
-      sandboxServer = await startEmbeddedPostgres({ dir: join(dir, 'psp-pg'), port: await freePort(), socket: viaSocket, log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+      sandboxServer = await startEmbeddedPostgres({
+        dir: join(dir, 'psp-pg'),
+        port: await freePort(),
+        socket: viaSocket,
+        log: (l) => process.env.BENCH_DEBUG && console.error(l),
+      });
       sandbox = spawn(process.execPath, [fileURLToPath(new URL('../apps/psp-sandbox/src/main.js', import.meta.url))], {
         env: {
           PATH: process.env.PATH,
@@ -369,7 +427,12 @@ async function main(): Promise<void> {
         PSP_WEBHOOK_SECRET: webhookSecret,
         ...provider,
         // LOG_LEVEL left at its default (info), as `npm start` runs: what a user's service pays for its logging.
-        ...Object.fromEntries((process.env.BENCH_SERVICE_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.split('=')[0], pair.slice(pair.indexOf('=') + 1)])),
+        ...Object.fromEntries(
+          (process.env.BENCH_SERVICE_ENV ?? '')
+            .split(' ')
+            .filter(Boolean)
+            .map((pair) => [pair.split('=')[0], pair.slice(pair.indexOf('=') + 1)]),
+        ),
       },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
@@ -386,7 +449,8 @@ async function main(): Promise<void> {
     // On a shared machine the other sessions' load is part of every number: printed and recorded beside them.
     const loadAtStart = loadavg()[0];
     const cpu: CpuTargets = { servicePid: service.pid, postmaster: postmasterPid(pgDir) };
-    const payCpu: CpuTargets = sandbox && sandboxServer ? { ...cpu, sandbox: { pid: sandbox.pid!, postmaster: postmasterPid(join(dir, 'psp-pg')) } } : cpu;
+    const payCpu: CpuTargets =
+      sandbox && sandboxServer ? { ...cpu, sandbox: { pid: sandbox.pid!, postmaster: postmasterPid(join(dir, 'psp-pg')) } } : cpu;
     const measured = (workload: () => Promise<Row>) => withCpu(cpu, workload);
     // Warm-up: JIT, pool, caches.
     await cannon('warm-up', `${url}/health`, { duration: 2 });
@@ -421,11 +485,7 @@ async function main(): Promise<void> {
       return;
     }
     rows.push(await measured(() => cannon('GET /health', `${url}/health`, {})));
-    rows.push(
-      await measured(() =>
-        cannon('idempotent create (new key each)', `${url}/orders`, createWithNewKeys),
-      ),
-    );
+    rows.push(await measured(() => cannon('idempotent create (new key each)', `${url}/orders`, createWithNewKeys)));
     rows.push(await withCpu({ postmaster: cpu.postmaster }, () => directCreates(dbUrl)));
     const replayKeys = Array.from({ length: 100 }, () => randomUUID());
     for (const key of replayKeys) await post(url, key);
@@ -436,7 +496,9 @@ async function main(): Promise<void> {
           method: 'POST',
           headers,
           body: BODY,
-          requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': replayKeys[next++ % replayKeys.length] } }) }],
+          requests: [
+            { setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': replayKeys[next++ % replayKeys.length] } }) },
+          ],
         }),
       ),
     );

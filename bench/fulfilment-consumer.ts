@@ -58,7 +58,8 @@ async function startConsumer(env: Record<string, string>): Promise<ChildProcess>
 
 async function main(): Promise<void> {
   if (process.env.AMQP_URL && process.env.DATABASE_URL) return measure(process.env.DATABASE_URL, process.env.AMQP_URL);
-  if (process.env.AMQP_URL || process.env.DATABASE_URL) throw new Error('set both AMQP_URL and DATABASE_URL (a running consumer), or neither');
+  if (process.env.AMQP_URL || process.env.DATABASE_URL)
+    throw new Error('set both AMQP_URL and DATABASE_URL (a running consumer), or neither');
   const dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-bench-consumer-'));
   await chmod(dir, 0o755);
   const server = await startEmbeddedPostgres({ dir: join(dir, 'pg'), port: await freePort(), socket: true });
@@ -87,7 +88,16 @@ async function measure(databaseUrl: string, amqpUrl: string): Promise<void> {
   await channel.assertExchange('orders.events', 'topic', { durable: true });
   const publish = (orderId: string) => {
     const eventId = randomUUID();
-    const event = { eventId, type: 'order.paid', orderId, clientId: 'bench', orderVersion: 2, totalMinor: 1000, currency: 'EUR', occurredAt: new Date().toISOString() };
+    const event = {
+      eventId,
+      type: 'order.paid',
+      orderId,
+      clientId: 'bench',
+      orderVersion: 2,
+      totalMinor: 1000,
+      currency: 'EUR',
+      occurredAt: new Date().toISOString(),
+    };
     channel.publish('orders.events', 'order.paid', Buffer.from(JSON.stringify(event)), {
       persistent: true,
       contentType: 'application/json',
@@ -97,7 +107,8 @@ async function measure(databaseUrl: string, amqpUrl: string): Promise<void> {
     });
   };
   const applied = async (orderIds: string[]) =>
-    (await db.query<{ n: number }>('SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])', [orderIds])).rows[0].n;
+    (await db.query<{ n: number }>('SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])', [orderIds]))
+      .rows[0].n;
   const waitFor = async (orderIds: string[]) => {
     const deadline = Date.now() + DEADLINE_MS;
     while ((await applied(orderIds)) < orderIds.length) {
@@ -111,7 +122,9 @@ async function measure(databaseUrl: string, amqpUrl: string): Promise<void> {
     for (const orderId of burst) publish(orderId);
     await channel.waitForConfirms();
     await waitFor(burst);
-    const { rows: [span] } = await db.query<{ seconds: number }>(
+    const {
+      rows: [span],
+    } = await db.query<{ seconds: number }>(
       'SELECT extract(epoch FROM max(created_at) - min(created_at))::float8 AS seconds FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])',
       [burst],
     );
@@ -133,15 +146,21 @@ async function measure(databaseUrl: string, amqpUrl: string): Promise<void> {
     await channel.waitForConfirms();
     await waitFor(steady);
     // Lag from each event's publish to its shipment's transaction (created_at = now() of that transaction).
-    const { rows: [lag] } = await db.query<{ p50: number; p99: number; max: number }>(
+    const {
+      rows: [lag],
+    } = await db.query<{ p50: number; p99: number; max: number }>(
       `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50, percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99, max(ms) AS max
          FROM (SELECT extract(epoch FROM s.created_at - p.published_at)::float8 * 1000 AS ms
                  FROM fulfilment.shipments s
                  JOIN unnest($1::uuid[], $2::timestamptz[]) AS p(order_id, published_at) USING (order_id)) x`,
       [steady, publishedAt.map((t) => new Date(t).toISOString())],
     );
-    console.log(`steady: ${RATE} events/s for ${SECONDS} s, lag p50 ${lag.p50.toFixed(1)} ms, p99 ${lag.p99.toFixed(1)} ms, max ${lag.max.toFixed(1)} ms`);
-    console.log(`RESULT ${JSON.stringify({ events: EVENTS, effectsPerSecond, rate: RATE, lagP50Ms: lag.p50, lagP99Ms: lag.p99, lagMaxMs: lag.max })}`);
+    console.log(
+      `steady: ${RATE} events/s for ${SECONDS} s, lag p50 ${lag.p50.toFixed(1)} ms, p99 ${lag.p99.toFixed(1)} ms, max ${lag.max.toFixed(1)} ms`,
+    );
+    console.log(
+      `RESULT ${JSON.stringify({ events: EVENTS, effectsPerSecond, rate: RATE, lagP50Ms: lag.p50, lagP99Ms: lag.p99, lagMaxMs: lag.max })}`,
+    );
   } finally {
     await channel.close().catch(() => undefined);
     await connection.close().catch(() => undefined);

@@ -86,7 +86,8 @@ async function main(): Promise<void> {
       AMQP_URL: broker.url,
     });
     service = started.child;
-    const unsent = async () => (await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n;
+    const unsent = async () =>
+      (await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n;
 
     // 1. Throughput: a backlog of EVENTS rows, as after an outage.
     await db.query(
@@ -100,7 +101,9 @@ async function main(): Promise<void> {
     const t0 = performance.now();
     await until('the backlog drained', 600_000, async () => (await unsent()) === 0);
     const seconds = (performance.now() - t0) / 1000;
-    console.log(`relay throughput: ${EVENTS} events in ${seconds.toFixed(2)} s = ${Math.round(EVENTS / seconds)} events/s (confirmed and marked)`);
+    console.log(
+      `relay throughput: ${EVENTS} events in ${seconds.toFixed(2)} s = ${Math.round(EVENTS / seconds)} events/s (confirmed and marked)`,
+    );
 
     // 2. Lag at a steady rate: one create (one order.created) every 1/RATE s.
     const body = JSON.stringify({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor: 1999 }] });
@@ -130,7 +133,9 @@ async function main(): Promise<void> {
       `lag at ${RATE} events/s for ${SECONDS} s: ${lag.n} events (every create 201), commit → marked sent ` +
         `p50 ${lag.p50.toFixed(1)} ms, p99 ${lag.p99.toFixed(1)} ms, max ${lag.max.toFixed(1)} ms`,
     );
-    console.log(`queue bench.order-events holds ${(await broker.queueDepth('bench.order-events')).ready} messages (expected ${EVENTS + lag.n})`);
+    console.log(
+      `queue bench.order-events holds ${(await broker.queueDepth('bench.order-events')).ready} messages (expected ${EVENTS + lag.n})`,
+    );
   } finally {
     if (service && service.exitCode === null && service.signalCode === null) {
       service.kill('SIGTERM');

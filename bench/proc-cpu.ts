@@ -63,7 +63,7 @@ export function postgresCpuMs(postmaster: number): number {
   let ticks = root.ticks + root.childTicks;
   const inTree = new Set([postmaster]);
   // Parents have smaller pids except after pid wrap-around: iterate until no process is added.
-  for (let added = true; added; ) {
+  for (let added = true; added;) {
     added = false;
     for (const [pid, stat] of stats) {
       if (!inTree.has(pid) && inTree.has(stat.ppid)) {

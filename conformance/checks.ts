@@ -55,7 +55,8 @@ function histogram(xs: Exchange[], marker: (a: Answer) => boolean): string {
 function withToken(value: unknown, token: string): unknown {
   if (typeof value === 'string') return value.replaceAll(UNIQUE, token);
   if (Array.isArray(value)) return value.map((v) => withToken(v, token));
-  if (typeof value === 'object' && value !== null) return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, withToken(v, token)]));
+  if (typeof value === 'object' && value !== null)
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, withToken(v, token)]));
   return value;
 }
 
@@ -64,7 +65,12 @@ const hasToken = (value: unknown): boolean => JSON.stringify(value).includes(UNI
 /** The same JSON value with every object's members in reverse order. */
 function reordered(value: unknown): unknown {
   if (Array.isArray(value)) return value.map(reordered);
-  if (typeof value === 'object' && value !== null) return Object.fromEntries(Object.entries(value).reverse().map(([k, v]) => [k, reordered(v)]));
+  if (typeof value === 'object' && value !== null)
+    return Object.fromEntries(
+      Object.entries(value)
+        .reverse()
+        .map(([k, v]) => [k, reordered(v)]),
+    );
   return value;
 }
 
@@ -89,9 +95,20 @@ export class CheckContext {
 
   /** Sends the operation. `key`: one value, several header lines, or none; `bodyText` as given (to control key order and spaces). */
   send(
-    options: { key?: string | string[]; caller?: Caller; body?: unknown; bodyText?: string; headers?: Record<string, string>; onInformation?: (status: number) => void } = {},
+    options: {
+      key?: string | string[];
+      caller?: Caller;
+      body?: unknown;
+      bodyText?: string;
+      headers?: Record<string, string>;
+      onInformation?: (status: number) => void;
+    } = {},
   ): Promise<Exchange> {
-    const headers: Record<string, string | string[]> = { 'Content-Type': 'application/json', ...this.target.callers[options.caller ?? 'a'], ...options.headers };
+    const headers: Record<string, string | string[]> = {
+      'Content-Type': 'application/json',
+      ...this.target.callers[options.caller ?? 'a'],
+      ...options.headers,
+    };
     if (options.key !== undefined) headers[IDEMPOTENCY_KEY] = options.key;
     const body = options.bodyText ?? JSON.stringify(options.body ?? this.bodyFor(randomUUID()));
     return this.http.send({ method: this.target.operation.method, path: this.target.operation.path, headers, body }, options.onInformation);
@@ -128,7 +145,10 @@ export class CheckContext {
     if (how.startsWith('final:')) {
       const x = await exchange;
       await hold.disarm?.();
-      throw new Failure(`the held request ${how.slice(6)} before a 1xx or its effect counted: hold does not make it wait after its effect`, [x]);
+      throw new Failure(
+        `the held request ${how.slice(6)} before a 1xx or its effect counted: hold does not make it wait after its effect`,
+        [x],
+      );
     }
     return { exchange, signal: how };
   }
@@ -143,7 +163,13 @@ export class CheckContext {
   }
 
   /** Fails unless `caller` gained exactly `expected` effects since `before`. */
-  async expectEffects(before: number | undefined, expected: number, what: string, evidence: Exchange[], caller: Caller = 'a'): Promise<string> {
+  async expectEffects(
+    before: number | undefined,
+    expected: number,
+    what: string,
+    evidence: Exchange[],
+    caller: Caller = 'a',
+  ): Promise<string> {
     if (before === undefined) return '';
     const after = (await this.count(caller))!;
     if (after - before !== expected) throw new Failure(`${what}: ${after - before} effect(s), expected ${expected}`, evidence);
@@ -162,7 +188,10 @@ export class CheckContext {
     const value = id
       .slice('body:'.length)
       .split('.')
-      .reduce<unknown>((at, part) => (typeof at === 'object' && at !== null ? (at as Record<string, unknown>)[part] : undefined), jsonOf(answer));
+      .reduce<unknown>(
+        (at, part) => (typeof at === 'object' && at !== null ? (at as Record<string, unknown>)[part] : undefined),
+        jsonOf(answer),
+      );
     return typeof value === 'string' || typeof value === 'number' ? String(value) : undefined;
   }
 
@@ -182,7 +211,8 @@ export class CheckContext {
     const present = (name: string) => replay.headers[name.toLowerCase()] !== undefined && replay.headers[name.toLowerCase()] !== 'false';
     if (known) return present(known) ? known : undefined;
     const names = Object.keys(replay.headers);
-    const name = names.find((n) => /replay|idempot/i.test(n) && first.headers[n] === undefined) ?? names.find((n) => /replay/i.test(n) && present(n));
+    const name =
+      names.find((n) => /replay|idempot/i.test(n) && first.headers[n] === undefined) ?? names.find((n) => /replay/i.test(n) && present(n));
     if (name) this.replayHeaderSeen = name;
     return name;
   }
@@ -197,11 +227,18 @@ export class CheckContext {
     // The headers a client acts on, when the first answer carries them: the effect's address and its version.
     for (const name of ['location', 'etag']) {
       if (a.headers[name] !== undefined && a.headers[name] !== b.headers[name]) {
-        throw new Failure(`${what}: ${name === 'etag' ? 'ETag' : 'Location'} ${b.headers[name] ?? '(none)'}, not the first answer's ${a.headers[name]}`, [first, again]);
+        throw new Failure(
+          `${what}: ${name === 'etag' ? 'ETag' : 'Location'} ${b.headers[name] ?? '(none)'}, not the first answer's ${a.headers[name]}`,
+          [first, again],
+        );
       }
     }
     const marker = this.replayMarker(a, b);
-    if (!marker) throw new Failure(`${what}: same status and bytes, but no header marks it as a replay${this.target.replayHeader ? ` (${this.target.replayHeader})` : ''}`, [first, again]);
+    if (!marker)
+      throw new Failure(
+        `${what}: same status and bytes, but no header marks it as a replay${this.target.replayHeader ? ` (${this.target.replayHeader})` : ''}`,
+        [first, again],
+      );
     return `${marker}: ${b.headers[marker.toLowerCase()]}`;
   }
 }
@@ -209,7 +246,10 @@ export class CheckContext {
 /** Sends a first request under a fresh key, failing the check unless it succeeds. */
 async function firstRequest(ctx: CheckContext, key: string, body: unknown, caller: Caller = 'a'): Promise<Exchange> {
   const first = await ctx.send({ key, body, caller });
-  if (!is2xx(first.answer)) throw new Failure(`the first request with a fresh key answered ${statusOf(first)}, not 2xx: fix the operation's body or credentials`, [first]);
+  if (!is2xx(first.answer))
+    throw new Failure(`the first request with a fresh key answered ${statusOf(first)}, not 2xx: fix the operation's body or credentials`, [
+      first,
+    ]);
   return first;
 }
 
@@ -228,7 +268,8 @@ const missingKey: Check = {
     expectStatus(x, 400, 'without a key');
     const type = x.answer!.headers['content-type'] ?? '';
     // Often the host app's exception filter, not the idempotency layer, picks the media type: a note, not the verdict.
-    if (!PROBLEM_JSON.test(type)) ctx.note(`the 400 is ${type || 'without a Content-Type'}, not application/problem+json (the draft's examples are problem documents)`);
+    if (!PROBLEM_JSON.test(type))
+      ctx.note(`the 400 is ${type || 'without a Content-Type'}, not application/problem+json (the draft's examples are problem documents)`);
     const effects = await ctx.expectEffects(before, 0, 'without a key', [x]);
     return { outcome: 'pass', detail: `400 ${type}${effects}` };
   },
@@ -265,12 +306,22 @@ const tooLongKey: Check = {
     // Accepted: a limit above 255 is the API's to choose, unless the key is truncated (two keys collide) or unbounded.
     const sibling = await ctx.send({ key: longKey(prefix, 'b') });
     if (!is2xx(sibling.answer) || ctx.isReplay(sibling.answer!)) {
-      throw new Failure(`two 256-character keys that differ in their last character: the second ${statusOf(sibling)}${is2xx(sibling.answer) ? ' replayed' : ''} (the key is truncated)`, [x, sibling]);
+      throw new Failure(
+        `two 256-character keys that differ in their last character: the second ${statusOf(sibling)}${is2xx(sibling.answer) ? ' replayed' : ''} (the key is truncated)`,
+        [x, sibling],
+      );
     }
     const huge = await ctx.send({ key: `${ctx.newKey()}${'k'.repeat(4096)}` });
-    if (is2xx(huge.answer)) throw new Failure(`a key of ${huge.sent.headers[IDEMPOTENCY_KEY].length} characters is accepted too: no limit, one request can fill a row`, [huge]);
+    if (is2xx(huge.answer))
+      throw new Failure(
+        `a key of ${huge.sent.headers[IDEMPOTENCY_KEY].length} characters is accepted too: no limit, one request can fill a row`,
+        [huge],
+      );
     const effects = await ctx.expectEffects(before, 2, 'two 256-character keys', [x, sibling]);
-    return { outcome: 'choice', detail: `accepts 256-character keys, kept whole (its limit is above this service's and Stripe's 255), refuses ${statusOf(huge)} at 4 kB${effects}` };
+    return {
+      outcome: 'choice',
+      detail: `accepts 256-character keys, kept whole (its limit is above this service's and Stripe's 255), refuses ${statusOf(huge)} at 4 kB${effects}`,
+    };
   },
 };
 
@@ -278,7 +329,10 @@ const malformedKeys: Check[] = [
   tooLongKey,
   malformed('malformed-key-empty', 'an empty key → 400', () => ''),
   malformed('malformed-key-commas', 'a bare key with commas (key,with,commas) → 400', () => `key,with,commas-${randomUUID()}`),
-  malformed('malformed-key-two-headers', 'two Idempotency-Key headers → 400', () => [`conformance-${randomUUID()}`, `conformance-${randomUUID()}`]),
+  malformed('malformed-key-two-headers', 'two Idempotency-Key headers → 400', () => [
+    `conformance-${randomUUID()}`,
+    `conformance-${randomUUID()}`,
+  ]),
 ];
 
 const retryReplays: Check = {
@@ -344,7 +398,10 @@ const parallel: Check = {
     const strays = all.filter((x) => !is2xx(x.answer) && !(x.answer?.status === 409 && x.answer.headers['retry-after'] !== undefined));
     if (strays.length > 0) {
       const what = strays[0].answer?.status === 409 ? '409 without Retry-After' : statusOf(strays[0]);
-      throw new Failure(`${n} parallel requests: ${statuses}; ${strays.length} neither the replay nor 409 + Retry-After (e.g. ${what})`, [ok[0], strays[0]]);
+      throw new Failure(`${n} parallel requests: ${statuses}; ${strays.length} neither the replay nor 409 + Retry-After (e.g. ${what})`, [
+        ok[0],
+        strays[0],
+      ]);
     }
     const differing = ok.find((x) => x.answer!.status !== ok[0].answer!.status || !x.answer!.body.equals(ok[0].answer!.body));
     if (differing) throw new Failure(`${n} parallel requests: ${statuses}; two successes differ (two executions?)`, [ok[0], differing]);
@@ -368,10 +425,14 @@ const otherCaller: Check = {
     const [idA, idB] = [ctx.effectOf(a.answer), ctx.effectOf(b.answer)];
     if (ctx.isReplay(b.answer!)) throw new Failure("caller b got a replay: caller a's answer", [a, b]);
     if (idA !== undefined && idA === idB) throw new Failure(`caller b got caller a's effect (${idA})`, [a, b]);
-    if (idA === undefined && b.answer!.body.equals(a.answer!.body)) throw new Failure("caller b got the same bytes as caller a (and the answers name no effect to tell them apart)", [a, b]);
+    if (idA === undefined && b.answer!.body.equals(a.answer!.body))
+      throw new Failure('caller b got the same bytes as caller a (and the answers name no effect to tell them apart)', [a, b]);
     const effectsA = await ctx.expectEffects(beforeA, 1, 'caller a', [a, b], 'a');
     const effectsB = await ctx.expectEffects(beforeB, 1, 'caller b, same key', [a, b], 'b');
-    return { outcome: 'pass', detail: `a: ${a.answer!.status}, b: ${b.answer!.status}, not a replay${idB ? `, its own ${idB}` : ''}${effectsA && `; a${effectsA.slice(1)}, b${effectsB.slice(1)}`}` };
+    return {
+      outcome: 'pass',
+      detail: `a: ${a.answer!.status}, b: ${b.answer!.status}, not a replay${idB ? `, its own ${idB}` : ''}${effectsA && `; a${effectsA.slice(1)}, b${effectsB.slice(1)}`}`,
+    };
   },
 };
 
@@ -383,7 +444,8 @@ const reorderedJson: Check = {
     const body = ctx.bodyFor(randomUUID());
     const first = await firstRequest(ctx, key, body);
     const variant = JSON.stringify(reordered(body), null, 2);
-    if (JSON.stringify(reordered(body)) === JSON.stringify(body)) ctx.note('the body has no object with two members: only the spacing changed');
+    if (JSON.stringify(reordered(body)) === JSON.stringify(body))
+      ctx.note('the body has no object with two members: only the spacing changed');
     const again = await ctx.send({ key, bodyText: variant });
     const marker = ctx.expectReplay(first, again, 'the reordered body');
     return { outcome: 'pass', detail: `replayed (${marker})` };
@@ -398,20 +460,34 @@ const validationKeepsKey: Check = {
     const invalid = ctx.target.operation.invalidBody ?? {};
     const before = await ctx.count();
     const refused = await ctx.send({ key, body: invalid });
-    if (is2xx(refused.answer)) return { outcome: 'n/a', detail: `the invalid body ${JSON.stringify(invalid)} was accepted (${refused.answer!.status}): give operation.invalidBody` };
-    if (refused.answer?.status !== 400 && refused.answer?.status !== 422) throw new Failure(`the invalid body: ${statusOf(refused)}, expected 400`, [refused]);
+    if (is2xx(refused.answer))
+      return {
+        outcome: 'n/a',
+        detail: `the invalid body ${JSON.stringify(invalid)} was accepted (${refused.answer!.status}): give operation.invalidBody`,
+      };
+    if (refused.answer?.status !== 400 && refused.answer?.status !== 422)
+      throw new Failure(`the invalid body: ${statusOf(refused)}, expected 400`, [refused]);
     const fixed = await ctx.send({ key, body: ctx.bodyFor(randomUUID()) });
     if (!is2xx(fixed.answer) && fixed.answer?.status === 422) {
       // Stored on purpose, if the same invalid request replays its refusal: then a client fixes it under a new key.
       const same = await ctx.send({ key, body: invalid });
-      const stored = same.answer?.status === refused.answer.status && same.answer.body.equals(refused.answer.body) && ctx.isReplay(same.answer);
+      const stored =
+        same.answer?.status === refused.answer.status && same.answer.body.equals(refused.answer.body) && ctx.isReplay(same.answer);
       if (stored) {
         const effects = await ctx.expectEffects(before, 0, 'an invalid request, then another body under its key', [refused, fixed, same]);
-        return { outcome: 'choice', detail: `stores its ${refused.answer.status}: the same request replays it, a fixed body under the key is a 422 (a new key is needed)${effects}` };
+        return {
+          outcome: 'choice',
+          detail: `stores its ${refused.answer.status}: the same request replays it, a fixed body under the key is a 422 (a new key is needed)${effects}`,
+        };
       }
     }
-    if (!is2xx(fixed.answer)) throw new Failure(`after a ${refused.answer.status}, the valid request with the same key: ${statusOf(fixed)}, not 2xx: the refusal was stored`, [refused, fixed]);
-    if (ctx.isReplay(fixed.answer!)) throw new Failure('after a refusal, the valid request with the same key was answered as a replay', [refused, fixed]);
+    if (!is2xx(fixed.answer))
+      throw new Failure(
+        `after a ${refused.answer.status}, the valid request with the same key: ${statusOf(fixed)}, not 2xx: the refusal was stored`,
+        [refused, fixed],
+      );
+    if (ctx.isReplay(fixed.answer!))
+      throw new Failure('after a refusal, the valid request with the same key was answered as a replay', [refused, fixed]);
     const effects = await ctx.expectEffects(before, 1, 'an invalid then a valid request', [refused, fixed]);
     return { outcome: 'pass', detail: `${refused.answer.status}, then ${fixed.answer!.status} executed${effects}` };
   },
@@ -436,7 +512,11 @@ const serverErrorNotStored: Check = {
     const before = await ctx.count();
     // Disarmed, the same request must now run; without a disarm the plain body is retried (a stored 5xx would be replayed, or a 422).
     const retried = await ctx.send({ key, body: provoke.disarm ? body : ctx.bodyFor(randomUUID()) });
-    if (!is2xx(retried.answer) || ctx.isReplay(retried.answer!)) throw new Failure(`after a ${failed.answer.status}, the retry with the same key: ${statusOf(retried)}, not a fresh 2xx`, [failed, retried]);
+    if (!is2xx(retried.answer) || ctx.isReplay(retried.answer!))
+      throw new Failure(`after a ${failed.answer.status}, the retry with the same key: ${statusOf(retried)}, not a fresh 2xx`, [
+        failed,
+        retried,
+      ]);
     const effects = await ctx.expectEffects(before, 1, 'the retry after a 5xx', [failed, retried]);
     return { outcome: 'pass', detail: `${failed.answer.status}, then ${retried.answer!.status} executed${effects}` };
   },
@@ -449,7 +529,13 @@ const isObject = (v: unknown): v is Json => typeof v === 'object' && v !== null 
 function pathItemFor(paths: Json, concrete: string): Json | undefined {
   const path = concrete.split('?')[0].replace(/\/$/, '') || '/';
   for (const [template, item] of Object.entries(paths)) {
-    const pattern = new RegExp(`^${template.replace(/\/$/, '').replace(/[.*+?^$()|[\]\\]/g, '\\$&').replace(/\\?\{[^}]+\\?\}/g, '[^/]+')}$`, 'i');
+    const pattern = new RegExp(
+      `^${template
+        .replace(/\/$/, '')
+        .replace(/[.*+?^$()|[\]\\]/g, '\\$&')
+        .replace(/\\?\{[^}]+\\?\}/g, '[^/]+')}$`,
+      'i',
+    );
     if (pattern.test(path) && isObject(item)) return item;
   }
   return undefined;
@@ -475,18 +561,29 @@ const openapiExpiry: Check = {
     if (!openapi) return { outcome: 'n/a', detail: 'no OpenAPI document configured (openapi)' };
     const x = await ctx.http.send({ method: 'GET', path: openapi, headers: { Accept: 'application/json', ...ctx.target.callers.a } });
     const doc = jsonOf(x.answer);
-    if (x.answer?.status !== 200 || !isObject(doc) || !isObject(doc.paths)) throw new Failure(`GET ${openapi}: ${statusOf(x)}, not a JSON OpenAPI document`, [x]);
+    if (x.answer?.status !== 200 || !isObject(doc) || !isObject(doc.paths))
+      throw new Failure(`GET ${openapi}: ${statusOf(x)}, not a JSON OpenAPI document`, [x]);
     const item = pathItemFor(doc.paths, operation.path);
     const op = item && resolveRef(doc, item[operation.method.toLowerCase()]);
     if (!isObject(op)) throw new Failure(`the document has no ${operation.method} for ${operation.path}`, []);
     const listed = (v: unknown): unknown[] => (Array.isArray(v) ? (v as unknown[]) : []);
     const params = [...listed(item!.parameters), ...listed(op.parameters)].map((p) => resolveRef(doc, p));
-    const keyParam = params.find((p): p is Json => isObject(p) && p.in === 'header' && typeof p.name === 'string' && p.name.toLowerCase() === 'idempotency-key');
+    const keyParam = params.find(
+      (p): p is Json => isObject(p) && p.in === 'header' && typeof p.name === 'string' && p.name.toLowerCase() === 'idempotency-key',
+    );
     if (!keyParam) throw new Failure(`${operation.method} ${operation.path} documents no Idempotency-Key header parameter`, []);
-    const extensions = [keyParam, op].flatMap((o) => Object.entries(o).filter(([k]) => /^x-.*(idempot|expir|ttl)/i.test(k)).map(([, v]) => JSON.stringify(v)));
+    const extensions = [keyParam, op].flatMap((o) =>
+      Object.entries(o)
+        .filter(([k]) => /^x-.*(idempot|expir|ttl)/i.test(k))
+        .map(([, v]) => JSON.stringify(v)),
+    );
     const texts = [keyParam.description, op.description, ...extensions].filter((t): t is string => typeof t === 'string');
     const policy = texts.flatMap((t) => t.split(/(?<=[.;])\s+/)).find((s) => DURATION.test(s) && EXPIRY_WORD.test(s));
-    if (!policy) throw new Failure(`the Idempotency-Key of ${operation.method} ${operation.path} is documented without an expiry (a duration and what expires): ${JSON.stringify(keyParam.description ?? '')}`, []);
+    if (!policy)
+      throw new Failure(
+        `the Idempotency-Key of ${operation.method} ${operation.path} is documented without an expiry (a duration and what expires): ${JSON.stringify(keyParam.description ?? '')}`,
+        [],
+      );
     return { outcome: 'pass', detail: `"${policy.trim()}"` };
   },
 };
@@ -524,10 +621,14 @@ const crashOneEffect: Check = {
     const again = await Promise.all(keys.map((key) => ctx.send({ key, body: bodies.get(key) })));
     const summary = `first: ${histogram(first, (a) => ctx.isReplay(a))}; retried: ${histogram(retried, (a) => ctx.isReplay(a))}`;
     for (let i = 0; i < keys.length; i++) {
-      if (!is2xx(retried[i].answer)) throw new Failure(`${summary}; a key ${retries[i].how} still answers ${statusOf(retried[i])} (stuck)`, [first[i], retried[i]]);
+      if (!is2xx(retried[i].answer))
+        throw new Failure(`${summary}; a key ${retries[i].how} still answers ${statusOf(retried[i])} (stuck)`, [first[i], retried[i]]);
       ctx.expectReplay(retried[i], again[i], "a key's second retry");
       if (is2xx(first[i].answer) && !first[i].answer!.body.equals(retried[i].answer!.body)) {
-        throw new Failure(`${summary}; a key answered before the kill got another answer after the restart (executed again)`, [first[i], retried[i]]);
+        throw new Failure(`${summary}; a key answered before the kill got another answer after the restart (executed again)`, [
+          first[i],
+          retried[i],
+        ]);
       }
     }
     const ids = new Set(retried.map((x) => ctx.effectOf(x.answer)));
@@ -542,7 +643,12 @@ const crashOneEffect: Check = {
  * refused connection is asked again until `windowMs` has passed; a Retry-After pointing past that extends the
  * window to it (up to ten minutes), so a lock the API reports is outlasted and what it guarded is seen.
  */
-async function retryAfterRestart(ctx: CheckContext, key: string, body: unknown, windowMs: number): Promise<{ exchange: Exchange; how: string }> {
+async function retryAfterRestart(
+  ctx: CheckContext,
+  key: string,
+  body: unknown,
+  windowMs: number,
+): Promise<{ exchange: Exchange; how: string }> {
   const started = Date.now();
   let deadline = started + windowMs;
   let asked = 0;
@@ -563,9 +669,14 @@ const crashAfterEffect: Check = {
   title: 'killed while held after its effect is written, restarted, retried → one effect',
   async run(ctx) {
     const { crash, hold } = ctx.target;
-    if (!crash || !hold) return { outcome: 'n/a', detail: `needs ${[!crash && 'kill/start commands (crash)', !hold && 'a way to hold a request after its effect (hold)'].filter(Boolean).join(' and ')}` };
+    if (!crash || !hold)
+      return {
+        outcome: 'n/a',
+        detail: `needs ${[!crash && 'kill/start commands (crash)', !hold && 'a way to hold a request after its effect (hold)'].filter(Boolean).join(' and ')}`,
+      };
     const before = await ctx.count();
-    if (before === undefined) return { outcome: 'n/a', detail: 'needs effects to count (effects.list or effects.command): the fault it finds is a second effect' };
+    if (before === undefined)
+      return { outcome: 'n/a', detail: 'needs effects to count (effects.list or effects.command): the fault it finds is a second effect' };
     const key = ctx.newKey();
     const body = ctx.heldBody(randomUUID());
     const held = await ctx.sendHeld(key, body, before);
@@ -573,17 +684,26 @@ const crashAfterEffect: Check = {
     const cut = await held.exchange;
     await hold.disarm?.();
     await crash.start();
-    if (cut.answer) throw new Failure(`the held request was answered (${cut.answer.status}) although the API was killed: hold does not make it wait, or kill does not stop it`, [cut]);
+    if (cut.answer)
+      throw new Failure(
+        `the held request was answered (${cut.answer.status}) although the API was killed: hold does not make it wait, or kill does not stop it`,
+        [cut],
+      );
     const { exchange: retried, how } = await retryAfterRestart(ctx, key, body, crash.retryWindowMs);
     const after = (await ctx.count())!;
     const window = `killed inside the window (${held.signal})`;
     if (after - before > 1) {
-      throw new Failure(`${window}, restarted, retried: ${after - before} effects from one key — the key is recorded apart from the effect`, [cut, retried]);
+      throw new Failure(
+        `${window}, restarted, retried: ${after - before} effects from one key — the key is recorded apart from the effect`,
+        [cut, retried],
+      );
     }
-    if (!is2xx(retried.answer)) throw new Failure(`${window}, restarted: the retry, ${how}, still answers ${statusOf(retried)} (stuck)`, [cut, retried]);
+    if (!is2xx(retried.answer))
+      throw new Failure(`${window}, restarted: the retry, ${how}, still answers ${statusOf(retried)} (stuck)`, [cut, retried]);
     const again = await ctx.send({ key, body });
     ctx.expectReplay(retried, again, 'a second retry');
-    if (after - before !== 1) throw new Failure(`${window}, restarted, retried ${retried.answer!.status}: ${after - before} effects, expected 1`, [cut, retried]);
+    if (after - before !== 1)
+      throw new Failure(`${window}, restarted, retried ${retried.answer!.status}: ${after - before} effects, expected 1`, [cut, retried]);
     return { outcome: 'pass', detail: `${window}; the retry ${retried.answer!.status} (${how}), then replayed; 1 effect` };
   },
 };
@@ -608,7 +728,14 @@ export async function runCheck(check: Check, target: Target, http: HttpClient): 
   const ctx = new CheckContext(target, http);
   try {
     const verdict = await check.run(ctx);
-    return { id: check.id, title: check.title, outcome: verdict.outcome, detail: verdict.detail, notes: ctx.notes, evidence: verdict.evidence ?? [] };
+    return {
+      id: check.id,
+      title: check.title,
+      outcome: verdict.outcome,
+      detail: verdict.detail,
+      notes: ctx.notes,
+      evidence: verdict.evidence ?? [],
+    };
   } catch (err) {
     const failure = err instanceof Failure ? err : new Failure(`the check could not run: ${(err as Error).message}`);
     return { id: check.id, title: check.title, outcome: 'fail', detail: failure.message, notes: ctx.notes, evidence: failure.evidence };

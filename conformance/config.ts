@@ -25,7 +25,10 @@ export interface KitConfig {
   /** Headers (credentials) of each caller. */
   callers: Record<Caller, Record<string, string>>;
   effects?: {
-    /** A GET that lists what the caller created: `path`, the array at `items` (dotted; the body itself if absent), pages through `next` → `?cursorParam=`. */
+    /**
+     * A GET that lists what the caller created: `path`, the array at `items` (dotted; the body itself if absent), pages through `next` →
+     * `?cursorParam=`.
+     */
     list?: { path: string; items?: string; next?: string; cursorParam?: string };
     /** A shell command that prints how many effects the caller has (`{caller}` is replaced by a or b; also in CONFORMANCE_CALLER). */
     command?: string;
@@ -86,7 +89,8 @@ function isRecord(value: unknown): value is Record<string, unknown> {
  * The config's shape, for validation: every key the kit reads, and its type. A misspelt key (`crsh`) or a wrong
  * type is an error naming it, never a check silently n/a. Hand-written: the kit has no runtime dependency.
  */
-type Shape = 'string' | 'json' | 'headers' | 'strings' | { integer: [number, number] } | { object: Record<string, Shape>; required?: string[] };
+type Shape =
+  'string' | 'json' | 'headers' | 'strings' | { integer: [number, number] } | { object: Record<string, Shape>; required?: string[] };
 const obj = (fields: Record<string, Shape>, required: string[] = []): Shape => ({ object: fields, required });
 const HOOK = obj({ body: 'json', headers: 'headers', arm: 'string', disarm: 'string' });
 const CONFIG_SHAPE = obj(
@@ -94,12 +98,19 @@ const CONFIG_SHAPE = obj(
     base: 'string',
     operation: obj({ method: 'string', path: 'string', body: 'json', otherBody: 'json', invalidBody: 'json' }, ['method', 'path', 'body']),
     callers: obj({ a: 'headers', b: 'headers' }, ['a', 'b']),
-    effects: obj({ list: obj({ path: 'string', items: 'string', next: 'string', cursorParam: 'string' }, ['path']), command: 'string', id: 'string' }),
+    effects: obj({
+      list: obj({ path: 'string', items: 'string', next: 'string', cursorParam: 'string' }, ['path']),
+      command: 'string',
+      id: 'string',
+    }),
     replayHeader: 'string',
     openapi: 'string',
     serverError: HOOK,
     hold: HOOK,
-    crash: obj({ kill: 'string', start: 'string', keys: { integer: [1, 1000] }, retryWindowMs: { integer: [0, 3_600_000] } }, ['kill', 'start']),
+    crash: obj({ kill: 'string', start: 'string', keys: { integer: [1, 1000] }, retryWindowMs: { integer: [0, 3_600_000] } }, [
+      'kill',
+      'start',
+    ]),
     parallel: { integer: [2, MAX_PARALLEL] },
     timeoutMs: { integer: [1, 3_600_000] },
     only: 'strings',
@@ -116,17 +127,25 @@ function checkShape(value: unknown, shape: Shape, at: string): void {
   } else if (shape === 'strings') {
     if (!Array.isArray(value) || !value.every((v) => typeof v === 'string')) throw new ConfigError(`${where} must be an array of strings`);
   } else if (shape === 'headers') {
-    if (!isRecord(value) || !Object.values(value).every((v) => typeof v === 'string')) throw new ConfigError(`${where} must be an object of header names to string values`);
+    if (!isRecord(value) || !Object.values(value).every((v) => typeof v === 'string'))
+      throw new ConfigError(`${where} must be an object of header names to string values`);
   } else if ('integer' in shape) {
     const [min, max] = shape.integer;
-    if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) throw new ConfigError(`${where} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
+    if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max)
+      throw new ConfigError(`${where} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
   } else {
     if (!isRecord(value)) throw new ConfigError(`${where} must be an object`);
     for (const key of Object.keys(value)) {
-      if (!(key in shape.object)) throw new ConfigError(`unknown key ${at ? `${at}.` : ''}${key} (known${at ? ` in ${at}` : ''}: ${Object.keys(shape.object).filter((k) => k !== '$schema').join(', ')})`);
+      if (!(key in shape.object))
+        throw new ConfigError(
+          `unknown key ${at ? `${at}.` : ''}${key} (known${at ? ` in ${at}` : ''}: ${Object.keys(shape.object)
+            .filter((k) => k !== '$schema')
+            .join(', ')})`,
+        );
     }
     for (const key of shape.required ?? []) if (value[key] === undefined) throw new ConfigError(`${at ? `${at}.` : ''}${key} is required`);
-    for (const [key, field] of Object.entries(shape.object)) if (value[key] !== undefined) checkShape(value[key], field, at ? `${at}.${key}` : key);
+    for (const [key, field] of Object.entries(shape.object))
+      if (value[key] !== undefined) checkShape(value[key], field, at ? `${at}.${key}` : key);
   }
 }
 
@@ -134,8 +153,13 @@ function checkShape(value: unknown, shape: Shape, at: string): void {
 export function validateConfig(raw: unknown): KitConfig {
   if (!isRecord(raw)) throw new ConfigError('the config must be a JSON object');
   if (raw.base === undefined) throw new ConfigError('base is required (--base http://127.0.0.1:3000)');
-  if (!isRecord(raw.operation) || raw.operation.method === undefined || raw.operation.path === undefined || raw.operation.body === undefined) {
-    throw new ConfigError('operation needs method, path and body (--method POST --path /orders --body \'{…}\')');
+  if (
+    !isRecord(raw.operation) ||
+    raw.operation.method === undefined ||
+    raw.operation.path === undefined ||
+    raw.operation.body === undefined
+  ) {
+    throw new ConfigError("operation needs method, path and body (--method POST --path /orders --body '{…}')");
   }
   if (!isRecord(raw.callers) || raw.callers.a === undefined || raw.callers.b === undefined) {
     throw new ConfigError('callers.a and callers.b are required (--caller-a "Authorization: Bearer …" --caller-b …)');
@@ -149,8 +173,10 @@ export function validateConfig(raw: unknown): KitConfig {
   }
   if (!config.operation.path.startsWith('/')) throw new ConfigError(`operation.path ${config.operation.path} must start with /`);
   const effects = config.effects;
-  if (effects?.id && effects.id !== 'location' && !effects.id.startsWith('body:')) throw new ConfigError('effects.id is location or body:<field>');
-  if (config.openapi !== undefined && !config.openapi.startsWith('/')) throw new ConfigError("openapi is the document's path on the base, e.g. /docs-json");
+  if (effects?.id && effects.id !== 'location' && !effects.id.startsWith('body:'))
+    throw new ConfigError('effects.id is location or body:<field>');
+  if (config.openapi !== undefined && !config.openapi.startsWith('/'))
+    throw new ConfigError("openapi is the document's path on the base, e.g. /docs-json");
   if (config.hold && config.hold.headers === undefined && config.hold.body === undefined && config.hold.arm === undefined) {
     throw new ConfigError('hold needs headers, a body or an arm command: what makes the request wait after its effect');
   }
@@ -204,9 +230,31 @@ function integer(text: string, flag: string): number {
 }
 
 const FLAGS = new Set([
-  '--config', '--base', '--method', '--path', '--body', '--other-body', '--invalid-body', '--caller-a', '--caller-b', '--count-list',
-  '--count-items', '--count-next', '--count-cursor', '--count-command', '--effect-id', '--replay-header', '--openapi', '--hold-header',
-  '--kill-command', '--start-command', '--keys', '--retry-window-ms', '--parallel', '--timeout-ms', '--only',
+  '--config',
+  '--base',
+  '--method',
+  '--path',
+  '--body',
+  '--other-body',
+  '--invalid-body',
+  '--caller-a',
+  '--caller-b',
+  '--count-list',
+  '--count-items',
+  '--count-next',
+  '--count-cursor',
+  '--count-command',
+  '--effect-id',
+  '--replay-header',
+  '--openapi',
+  '--hold-header',
+  '--kill-command',
+  '--start-command',
+  '--keys',
+  '--retry-window-ms',
+  '--parallel',
+  '--timeout-ms',
+  '--only',
 ]);
 
 /**
@@ -235,7 +283,9 @@ export function parseArgs(argv: string[], cwd = process.env.INIT_CWD || process.
     try {
       text = readFileSync(path, 'utf8');
     } catch (err) {
-      throw new ConfigError(`--config ${configFile}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+      throw new ConfigError(
+        `--config ${configFile}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`,
+      );
     }
     const parsed = json(text, `--config ${configFile}`);
     if (!isRecord(parsed)) throw new ConfigError(`--config ${configFile} must hold a JSON object`);
@@ -256,7 +306,12 @@ export function parseArgs(argv: string[], cwd = process.env.INIT_CWD || process.
   const effects: Record<string, unknown> = { ...(isRecord(file.effects) ? file.effects : {}) };
   if (last('--count-list')) {
     const list: Record<string, unknown> = { path: last('--count-list') };
-    for (const [flag, field] of [['--count-items', 'items'], ['--count-next', 'next'], ['--count-cursor', 'cursorParam']]) if (last(flag)) list[field] = last(flag);
+    for (const [flag, field] of [
+      ['--count-items', 'items'],
+      ['--count-next', 'next'],
+      ['--count-cursor', 'cursorParam'],
+    ])
+      if (last(flag)) list[field] = last(flag);
     effects.list = list;
   }
   if (last('--count-command')) effects.command = last('--count-command');
@@ -270,7 +325,11 @@ export function parseArgs(argv: string[], cwd = process.env.INIT_CWD || process.
   if (Object.keys(effects).length > 0) merged.effects = effects;
   if (Object.keys(crash).length > 0) merged.crash = crash;
   const holdLines = flags.get('--hold-header');
-  if (holdLines) merged.hold = { ...(isRecord(file.hold) ? file.hold : {}), headers: Object.fromEntries(holdLines.map((l) => header(l, '--hold-header'))) };
+  if (holdLines)
+    merged.hold = {
+      ...(isRecord(file.hold) ? file.hold : {}),
+      headers: Object.fromEntries(holdLines.map((l) => header(l, '--hold-header'))),
+    };
   if (last('--base')) merged.base = last('--base');
   if (last('--replay-header')) merged.replayHeader = last('--replay-header');
   if (last('--openapi')) merged.openapi = last('--openapi');
@@ -309,7 +368,8 @@ function listCounter(config: KitConfig, base: URL, timeoutMs: number): (caller: 
     for (let page = 0; page < 200; page++) {
       const res = await fetch(url, { headers: config.callers[caller], signal: AbortSignal.timeout(timeoutMs) });
       const text = await res.text();
-      if (res.status !== 200) throw new Error(`counting effects: GET ${url.pathname}${url.search} answered ${res.status}: ${text.slice(0, 200)}`);
+      if (res.status !== 200)
+        throw new Error(`counting effects: GET ${url.pathname}${url.search} answered ${res.status}: ${text.slice(0, 200)}`);
       const body = JSON.parse(text) as unknown;
       const items = dotted(body, list.items ?? (Array.isArray(body) ? undefined : 'items'));
       if (!Array.isArray(items)) throw new Error(`counting effects: GET ${url.pathname} has no array at ${list.items ?? 'items'}`);
@@ -348,11 +408,18 @@ export async function waitUntilAnswering(base: URL, deadlineMs = 60_000): Promis
 }
 
 /** The config's commands as functions; `overrides` replaces any of them (a test's own kill and start). */
-export function resolveTarget(config: KitConfig, overrides: Partial<Pick<Target, 'countEffects' | 'serverError' | 'hold' | 'crash'>> = {}): Target {
+export function resolveTarget(
+  config: KitConfig,
+  overrides: Partial<Pick<Target, 'countEffects' | 'serverError' | 'hold' | 'crash'>> = {},
+): Target {
   const base = loopbackBase(config.base);
   const timeoutMs = config.timeoutMs ?? 30_000;
   const effects = config.effects;
-  const countEffects = effects?.list ? listCounter(config, base, timeoutMs) : effects?.command ? commandCounter(effects.command) : undefined;
+  const countEffects = effects?.list
+    ? listCounter(config, base, timeoutMs)
+    : effects?.command
+      ? commandCounter(effects.command)
+      : undefined;
   const se = config.serverError;
   const crash = config.crash;
   const hold = config.hold;

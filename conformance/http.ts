@@ -34,7 +34,9 @@ export function loopbackBase(raw: string): URL {
   }
   if (url.protocol !== 'http:') throw new Error(`--base ${raw}: only http:// on loopback is supported`);
   if (!LOOPBACK.has(url.hostname) && !/^127\.\d+\.\d+\.\d+$/.test(url.hostname)) {
-    throw new Error(`--base ${raw} is not a loopback address: the kit sends bursts of duplicate writes, so it only talks to 127.0.0.1, ::1 or localhost`);
+    throw new Error(
+      `--base ${raw} is not a loopback address: the kit sends bursts of duplicate writes, so it only talks to 127.0.0.1, ::1 or localhost`,
+    );
   }
   return url;
 }
@@ -94,14 +96,23 @@ export class HttpClient {
     const target = new URL(sent.path, this.base);
     return new Promise((resolve) => {
       const req = request(
-        { host: this.base.hostname.replace(/^\[|\]$/g, ''), port: this.base.port || 80, method: sent.method, path: target.pathname + target.search, headers, agent: this.agent, timeout: this.timeoutMs },
+        {
+          host: this.base.hostname.replace(/^\[|\]$/g, ''),
+          port: this.base.port || 80,
+          method: sent.method,
+          path: target.pathname + target.search,
+          headers,
+          agent: this.agent,
+          timeout: this.timeoutMs,
+        },
         (res) => {
           const chunks: Buffer[] = [];
           res.on('data', (chunk: Buffer) => chunks.push(chunk));
           res.on('error', (err) => resolve({ sent, error: err.message }));
           res.on('end', () => {
             const answerHeaders: Record<string, string> = {};
-            for (const [name, value] of Object.entries(res.headers)) if (value !== undefined) answerHeaders[name] = Array.isArray(value) ? value.join(', ') : value;
+            for (const [name, value] of Object.entries(res.headers))
+              if (value !== undefined) answerHeaders[name] = Array.isArray(value) ? value.join(', ') : value;
             resolve({ sent, answer: { status: res.statusCode ?? 0, headers: answerHeaders, body: Buffer.concat(chunks) } });
           });
         },

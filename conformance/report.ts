@@ -27,7 +27,9 @@ function redacted(name: string, value: string): string {
 }
 
 function sentHeaders(x: Exchange): Record<string, string | string[]> {
-  return Object.fromEntries(Object.entries(x.sent.headers).map(([name, value]) => [name, Array.isArray(value) ? value : redacted(name, value)]));
+  return Object.fromEntries(
+    Object.entries(x.sent.headers).map(([name, value]) => [name, Array.isArray(value) ? value : redacted(name, value)]),
+  );
 }
 
 /** What was sent and what came back, as a reader needs it: the key and caller headers, the status, the headers that matter. */

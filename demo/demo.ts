@@ -100,7 +100,12 @@ async function call(req: Req): Promise<Res> {
     for (const [name, value] of Object.entries(req.headers ?? {})) if (name !== 'content-type') out(`    ${dim(`${name}:`)} ${value}`);
     if (raw !== undefined) out(`    ${truncate(raw)}`);
   }
-  const res = await fetch(`${baseUrl}${req.path}`, { method: req.method, headers, body: raw, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
+  const res = await fetch(`${baseUrl}${req.path}`, {
+    method: req.method,
+    headers,
+    body: raw,
+    signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+  });
   const text = await res.text();
   let json: Body = {};
   try {
@@ -152,7 +157,11 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
   // Order numbers unique to this run: a running service keeps its data between demos.
   const run = Date.now().toString(36);
   const key = (name: string) => `demo-${run}-${name}`;
-  const orderBody = (n: string, quantity = 2) => ({ orderNumber: `DEMO-${run}-${n}`, currency: 'EUR', items: [{ sku: 'SKU-1', quantity, unitPriceMinor: 1999 }] });
+  const orderBody = (n: string, quantity = 2) => ({
+    orderNumber: `DEMO-${run}-${n}`,
+    currency: 'EUR',
+    items: [{ sku: 'SKU-1', quantity, unitPriceMinor: 1999 }],
+  });
 
   let first!: Res;
   let orderId = '';
@@ -175,7 +184,10 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     const reused = await call({ method: 'POST', path: '/orders', headers: { 'Idempotency-Key': key('create') }, body: orderBody('1', 3) });
     check(reused.status === 422, `expected 422, got ${reused.status}`);
     check(reused.json.type === 'urn:idempotent-orders:problem:idempotency-key-reused', 'expected problem type idempotency-key-reused');
-    shows('the key is fingerprinted with method, path and canonical JSON: reused for another request → 422, nothing runs.', 'idempotency-key.md');
+    shows(
+      'the key is fingerprinted with method, path and canonical JSON: reused for another request → 422, nothing runs.',
+      'idempotency-key.md',
+    );
   });
 
   let stormOrderId = '';
@@ -197,21 +209,37 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     check(ids.size === 1, `expected one order, got ${ids.size}`);
     check(replayed === 19, `expected 19 replays, got ${replayed}`);
     stormOrderId = [...ids][0];
-    shows('the duplicates waited for the first request (row lock, in-memory queue) and replayed it: one order, no 409.', 'concurrent-duplicates.md');
+    shows(
+      'the duplicates waited for the first request (row lock, in-memory queue) and replayed it: one order, no 409.',
+      'concurrent-duplicates.md',
+    );
   });
 
   await step('The same order number again, under a new key', async () => {
-    const repeat = await call({ method: 'POST', path: '/orders', headers: { 'Idempotency-Key': key('create-again') }, body: orderBody('1') });
+    const repeat = await call({
+      method: 'POST',
+      path: '/orders',
+      headers: { 'Idempotency-Key': key('create-again') },
+      body: orderBody('1'),
+    });
     check(repeat.status === 200, `expected 200, got ${repeat.status}`);
     check(repeat.json.id === orderId, `expected the order of step 1 (${orderId}), got ${repeat.json.id}`);
-    shows('UNIQUE (client_id, order_number) + ON CONFLICT: a client that lost its key still gets its one order (200, not 201).', 'natural-key.md');
+    shows(
+      'UNIQUE (client_id, order_number) + ON CONFLICT: a client that lost its key still gets its one order (200, not 201).',
+      'natural-key.md',
+    );
   });
 
   await step('Edit with If-Match, then again with the stale ETag', async () => {
     const read = await call({ method: 'GET', path: `/orders/${orderId}` });
     const etag = read.headers.get('etag');
     check(read.status === 200 && etag !== null, 'expected 200 with an ETag');
-    const edit = await call({ method: 'PATCH', path: `/orders/${orderId}`, headers: { 'If-Match': etag }, body: { note: 'leave at the door' } });
+    const edit = await call({
+      method: 'PATCH',
+      path: `/orders/${orderId}`,
+      headers: { 'If-Match': etag },
+      body: { note: 'leave at the door' },
+    });
     check(edit.status === 200, `expected 200, got ${edit.status}`);
     check(edit.headers.get('etag') !== etag, 'expected a new ETag');
     const stale = await call({ method: 'PATCH', path: `/orders/${orderId}`, headers: { 'If-Match': etag }, body: { note: 'ring twice' } });
@@ -233,7 +261,12 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
   await step('A form submitted twice with one submit token', async () => {
     const token = await call({ method: 'POST', path: '/submit-tokens' });
     check(token.status === 201 && typeof token.json.token === 'string', `expected 201 with a token, got ${token.status}`);
-    const form = { method: 'POST' as const, path: '/orders', headers: { 'Submit-Token': token.json.token }, body: { currency: 'EUR', items: [{ sku: 'SKU-2', quantity: 1, unitPriceMinor: 2500 }] } };
+    const form = {
+      method: 'POST' as const,
+      path: '/orders',
+      headers: { 'Submit-Token': token.json.token },
+      body: { currency: 'EUR', items: [{ sku: 'SKU-2', quantity: 1, unitPriceMinor: 2500 }] },
+    };
     const a = await call(form);
     check(a.status === 201, `expected 201, got ${a.status}`);
     tokenOrderId = a.json.id ?? '';
@@ -244,29 +277,66 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
 
   let payment!: Res;
   await step('Pay with tok_visa, then retry the payment', async () => {
-    const pay = { method: 'POST' as const, path: `/orders/${orderId}/payments`, headers: { 'Idempotency-Key': key('pay') }, body: { source: 'tok_visa' } };
+    const pay = {
+      method: 'POST' as const,
+      path: `/orders/${orderId}/payments`,
+      headers: { 'Idempotency-Key': key('pay') },
+      body: { source: 'tok_visa' },
+    };
     payment = await call(pay);
     check(payment.status === 201 && payment.json.status === 'succeeded', `expected 201 succeeded, got ${payment.status}`);
     const again = await call(pay);
-    check(again.status === 201 && again.headers.get('idempotent-replayed') === 'true' && again.text === payment.text, 'expected the same 201 replayed');
-    shows('record, call the provider with no transaction open, settle: the retry replays the answer and charges nothing.', 'phased-external-calls.md');
+    check(
+      again.status === 201 && again.headers.get('idempotent-replayed') === 'true' && again.text === payment.text,
+      'expected the same 201 replayed',
+    );
+    shows(
+      'record, call the provider with no transaction open, settle: the retry replays the answer and charges nothing.',
+      'phased-external-calls.md',
+    );
   });
 
   await step('A declined card, then a new key that pays', async () => {
-    const declined = { method: 'POST' as const, path: `/orders/${tokenOrderId}/payments`, headers: { 'Idempotency-Key': key('declined') }, body: { source: 'tok_chargeDeclined' } };
+    const declined = {
+      method: 'POST' as const,
+      path: `/orders/${tokenOrderId}/payments`,
+      headers: { 'Idempotency-Key': key('declined') },
+      body: { source: 'tok_chargeDeclined' },
+    };
     const a = await call(declined);
-    check(a.status === 402 && a.json.type === 'urn:idempotent-orders:problem:payment-declined', `expected 402 payment-declined, got ${a.status}`);
+    check(
+      a.status === 402 && a.json.type === 'urn:idempotent-orders:problem:payment-declined',
+      `expected 402 payment-declined, got ${a.status}`,
+    );
     const b = await call(declined);
     check(b.status === 402 && b.headers.get('idempotent-replayed') === 'true', `expected the 402 replayed, got ${b.status}`);
-    const c = await call({ method: 'POST', path: `/orders/${tokenOrderId}/payments`, headers: { 'Idempotency-Key': key('declined-retry') }, body: { source: 'tok_visa' } });
+    const c = await call({
+      method: 'POST',
+      path: `/orders/${tokenOrderId}/payments`,
+      headers: { 'Idempotency-Key': key('declined-retry') },
+      body: { source: 'tok_visa' },
+    });
     check(c.status === 201, `expected 201, got ${c.status}`);
-    shows('a decline is a final answer, stored under its key (the retry replays the 402); paying again takes a new key.', 'phased-external-calls.md');
+    shows(
+      'a decline is a final answer, stored under its key (the retry replays the 402); paying again takes a new key.',
+      'phased-external-calls.md',
+    );
   });
 
   await step('A lost response: the provider charged, the answer never came', async () => {
-    const created = await call({ method: 'POST', path: '/orders', headers: { 'Idempotency-Key': key('lost-order') }, body: orderBody('lost', 1) });
+    const created = await call({
+      method: 'POST',
+      path: '/orders',
+      headers: { 'Idempotency-Key': key('lost-order') },
+      body: orderBody('lost', 1),
+    });
     check(created.status === 201, `expected 201, got ${created.status}`);
-    const pay = { method: 'POST' as const, path: `/orders/${created.json.id ?? ''}/payments`, headers: { 'Idempotency-Key': key('lost') }, body: { source: 'tok_lost' } };
+    const pay = {
+      method: 'POST' as const,
+      path: `/orders/${created.json.id ?? ''}/payments`,
+      headers: { 'Idempotency-Key': key('lost') },
+      body: { source: 'tok_lost' },
+    };
     note('tok_lost: the sandbox charges but every answer is late; the service retries until its deadline (a few seconds).');
     note('A duplicate with the same key is sent 300 ms after the first, while the first is still waiting on the provider.');
     const firstPay = call({ ...pay, quiet: true });
@@ -279,7 +349,10 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     for (const a of answers) printResponse(a);
     const pending = answers.find((a) => a.status === 503);
     const inUse = answers.find((a) => a.status === 409);
-    check(pending?.json.type === 'urn:idempotent-orders:problem:payment-pending', `expected one 503 payment-pending, got ${answers.map((a) => a.status).join(' ')}`);
+    check(
+      pending?.json.type === 'urn:idempotent-orders:problem:payment-pending',
+      `expected one 503 payment-pending, got ${answers.map((a) => a.status).join(' ')}`,
+    );
     check(
       inUse?.json.type === 'urn:idempotent-orders:problem:idempotency-key-in-use' && Number(inUse.headers.get('retry-after')) >= 1,
       'expected one 409 idempotency-key-in-use with Retry-After',
@@ -291,9 +364,16 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     // The provider's charge.succeeded webhook may have settled it during the wait: the narration says which happened.
     const meanwhile = await call({ method: 'GET', path: `/payments/${pending.json.paymentId ?? ''}` });
     const settledByWebhook = meanwhile.json.status === 'succeeded';
-    note(settledByWebhook ? 'already succeeded: the charge.succeeded webhook settled it. Retrying with the same key:' : 'still pending. Retrying with the same key:');
+    note(
+      settledByWebhook
+        ? 'already succeeded: the charge.succeeded webhook settled it. Retrying with the same key:'
+        : 'still pending. Retrying with the same key:',
+    );
     const retried = await call(pay);
-    check(retried.status === 201 && retried.json.id === pending.json.paymentId, `expected 201 with payment ${pending.json.paymentId ?? ''}, got ${retried.status}`);
+    check(
+      retried.status === 201 && retried.json.id === pending.json.paymentId,
+      `expected 201 with payment ${pending.json.paymentId ?? ''}, got ${retried.status}`,
+    );
     shows(
       settledByWebhook
         ? "unknown outcome → 503, payment left pending; the provider's webhook settled it, and the retry answers with that payment: one charge."
@@ -306,14 +386,27 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     const cancel = await call({ method: 'POST', path: `/orders/${orderId}/cancel` });
     check(cancel.status === 200 && cancel.json.status === 'cancelled', `expected 200 cancelled, got ${cancel.status}`);
     const paymentId = payment.json.id ?? '';
-    const part = await call({ method: 'POST', path: `/payments/${paymentId}/refunds`, headers: { 'Idempotency-Key': key('refund-1') }, body: { amountMinor: 500 } });
+    const part = await call({
+      method: 'POST',
+      path: `/payments/${paymentId}/refunds`,
+      headers: { 'Idempotency-Key': key('refund-1') },
+      body: { amountMinor: 500 },
+    });
     check(part.status === 201 && part.json.amountMinor === 500, `expected 201 refunding 500, got ${part.status}`);
-    const rest = await call({ method: 'POST', path: `/payments/${paymentId}/refunds`, headers: { 'Idempotency-Key': key('refund-rest') }, body: {} });
+    const rest = await call({
+      method: 'POST',
+      path: `/payments/${paymentId}/refunds`,
+      headers: { 'Idempotency-Key': key('refund-rest') },
+      body: {},
+    });
     const left = (payment.json.amountMinor ?? 0) - 500;
     check(rest.status === 201 && rest.json.amountMinor === left, `expected 201 refunding the rest (${left}), got ${rest.status}`);
     const order = await call({ method: 'GET', path: `/orders/${orderId}` });
     check(order.json.status === 'refunded', `expected the order refunded, got ${order.json.status ?? '?'}`);
-    shows('each refund reserves its amount with one conditional UPDATE (never more than was paid); all of it → refunded.', 'phased-external-calls.md');
+    shows(
+      'each refund reserves its amount with one conditional UPDATE (never more than was paid); all of it → refunded.',
+      'phased-external-calls.md',
+    );
   });
 
   await step('A signed webhook delivered twice', async () => {
@@ -326,7 +419,14 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     const event = {
       type: 'charge.succeeded',
       timestamp: new Date().toISOString(),
-      data: { chargeId: p.providerTransactionId, paymentId: p.id, orderId: p.orderId, amountMinor: p.amountMinor, currency: p.currency, status: 'succeeded' },
+      data: {
+        chargeId: p.providerTransactionId,
+        paymentId: p.id,
+        orderId: p.orderId,
+        amountMinor: p.amountMinor,
+        currency: p.currency,
+        status: 'succeeded',
+      },
     };
     const raw = JSON.stringify(event);
     const id = `msg_${randomUUID()}`;
@@ -340,7 +440,10 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     check(a.status === 200 && a.json.outcome !== 'duplicate', `expected 200 processed, got ${a.status} ${a.json.outcome ?? ''}`);
     const b = await call({ method: 'POST', path: '/webhooks/psp', headers, body: raw });
     check(b.status === 200 && b.json.outcome === 'duplicate', `expected 200 duplicate, got ${b.status} ${b.json.outcome ?? ''}`);
-    shows('the webhook-id is recorded in the same transaction as the effect: the redelivery is a duplicate, ignored.', 'webhook-consumer.md');
+    shows(
+      'the webhook-id is recorded in the same transaction as the effect: the redelivery is a duplicate, ignored.',
+      'webhook-consumer.md',
+    );
   });
 }
 
@@ -388,7 +491,10 @@ async function startService(): Promise<Service> {
     c.stdout?.on('data', (chunk: Buffer) => (output += chunk.toString()));
     c.stderr?.on('data', (chunk: Buffer) => (output += chunk.toString()));
     const url = await new Promise<string>((resolveUrl, reject) => {
-      const timer = setTimeout(() => reject(new Error(`the service did not start in ${START_TIMEOUT_MS / 1000} s:\n${output}`)), START_TIMEOUT_MS);
+      const timer = setTimeout(
+        () => reject(new Error(`the service did not start in ${START_TIMEOUT_MS / 1000} s:\n${output}`)),
+        START_TIMEOUT_MS,
+      );
       c.stdout?.on('data', () => {
         const match = /listening on (http:\/\/localhost:\d+)/.exec(output);
         if (match) {
@@ -430,7 +536,8 @@ async function main(): Promise<number> {
       baseUrl = process.env.DEMO_URL.replace(/\/+$/, '');
       apiKey = process.env.DEMO_API_KEY || DEV_API_CLIENT.secret;
       webhookSecret = process.env.DEMO_WEBHOOK_SECRET || undefined;
-      whyNoWebhook = 'DEMO_WEBHOOK_SECRET is not set, and a running service’s webhook secret cannot be guessed (set it to its PSP_WEBHOOK_SECRET).';
+      whyNoWebhook =
+        'DEMO_WEBHOOK_SECRET is not set, and a running service’s webhook secret cannot be guessed (set it to its PSP_WEBHOOK_SECRET).';
       out(bold(`idempotent-orders demo against ${baseUrl}`));
     } else {
       out(bold('idempotent-orders demo: starting the service on an embedded PostgreSQL in a temp folder…'));

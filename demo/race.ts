@@ -207,7 +207,10 @@ class Demo {
     const die = Demo.oneDeath();
     if (side === 'naive') {
       const attempt = async (c: pg.PoolClient, mayDie: boolean): Promise<string> => {
-        const claim = await c.query(`INSERT INTO naive.claims (key, expires_at) VALUES ($1, now() + interval '1 day') ON CONFLICT DO NOTHING`, [key]);
+        const claim = await c.query(
+          `INSERT INTO naive.claims (key, expires_at) VALUES ($1, now() + interval '1 day') ON CONFLICT DO NOTHING`,
+          [key],
+        );
         if (!claim.rowCount) return 'in progress';
         try {
           await c.query('BEGIN');
@@ -217,7 +220,10 @@ class Demo {
             await this.kill(c);
             return 'killed';
           }
-          await c.query('INSERT INTO naive.idempotency_keys (key, order_id) SELECT $1, id FROM naive.orders WHERE request_key = $1 LIMIT 1', [key]);
+          await c.query(
+            'INSERT INTO naive.idempotency_keys (key, order_id) SELECT $1, id FROM naive.orders WHERE request_key = $1 LIMIT 1',
+            [key],
+          );
           await c.query('COMMIT');
           return 'created';
         } catch (err) {
@@ -239,14 +245,20 @@ class Demo {
     await this.storm((c) => this.createOrderOnce(c, key, die));
     await this.storm((c) => this.createOrderOnce(c, key));
     const orders = await this.ordersFor(key);
-    const completed = await this.count(`SELECT count(*) AS n FROM idempotency_keys WHERE client_id = $1 AND key = $2 AND state = 'completed'`, [CLIENT, key]);
+    const completed = await this.count(
+      `SELECT count(*) AS n FROM idempotency_keys WHERE client_id = $1 AND key = $2 AND state = 'completed'`,
+      [CLIENT, key],
+    );
     return { ...zero(), duplicates: Math.max(0, orders - 1), stuckKeys: orders === 0 || completed === 0 ? 1 : 0 };
   }
 
   /** The provider: makes a charge unless one exists under the same outbound key (ours always sends one; the naive code none). */
   private async charge(c: pg.PoolClient, key: string, outboundKey: string | null): Promise<void> {
     await c.query('SELECT pg_sleep($1)', [SLOW_CHARGE_S]);
-    await c.query('INSERT INTO naive.provider_charges (request_key, outbound_key) VALUES ($1, $2) ON CONFLICT (outbound_key) DO NOTHING', [key, outboundKey]);
+    await c.query('INSERT INTO naive.provider_charges (request_key, outbound_key) VALUES ($1, $2) ON CONFLICT (outbound_key) DO NOTHING', [
+      key,
+      outboundKey,
+    ]);
   }
 
   // (2b) The charge outlives the claim's TTL; the retry DELs the "expired" claim and charges again.
@@ -259,7 +271,10 @@ class Demo {
     if (side === 'naive') {
       const attempt = async (c: pg.PoolClient) => {
         await c.query('DELETE FROM naive.claims WHERE key = $1 AND expires_at <= now()', [key]);
-        const claim = await c.query(`INSERT INTO naive.claims (key, expires_at) VALUES ($1, now() + make_interval(secs => $2)) ON CONFLICT DO NOTHING`, [key, CLAIM_TTL_S]);
+        const claim = await c.query(
+          `INSERT INTO naive.claims (key, expires_at) VALUES ($1, now() + make_interval(secs => $2)) ON CONFLICT DO NOTHING`,
+          [key, CLAIM_TTL_S],
+        );
         if (!claim.rowCount) return;
         await this.charge(c, key, null);
         await c.query('DELETE FROM naive.claims WHERE key = $1', [key]);
@@ -269,7 +284,10 @@ class Demo {
       // Phase 1 commits the key under a lease and the payment with its outbound key; a retry after the
       // lease takes it over and resumes that payment, so the provider sees the same outbound key twice.
       const attempt = async (c: pg.PoolClient, first: boolean) => {
-        const { rows } = await c.query<{ id: string; lease_token: string }>(first ? CLAIM_LEASED_KEY : TAKE_OVER_LEASE, first ? [CLIENT, key, CLAIM_TTL_S] : [key, CLAIM_TTL_S, CLIENT]);
+        const { rows } = await c.query<{ id: string; lease_token: string }>(
+          first ? CLAIM_LEASED_KEY : TAKE_OVER_LEASE,
+          first ? [CLIENT, key, CLAIM_TTL_S] : [key, CLAIM_TTL_S, CLIENT],
+        );
         if (!rows[0]) return;
         await this.charge(c, key, `payment:${key}`);
         await c.query(SETTLE_UNDER_LEASE, [rows[0].id, rows[0].lease_token]);
@@ -286,24 +304,35 @@ class Demo {
     let orderId: string;
     let moved: string[];
     if (side === 'naive') {
-      orderId = (await this.admin.query<{ id: string }>(`INSERT INTO naive.orders (request_key) VALUES ('status') RETURNING id`)).rows[0].id;
+      orderId = (await this.admin.query<{ id: string }>(`INSERT INTO naive.orders (request_key) VALUES ('status') RETURNING id`)).rows[0]
+        .id;
       moved = await this.storm(async (c, i) => {
         const { rows } = await c.query<{ status: string }>('SELECT status FROM naive.orders WHERE id = $1', [orderId]);
         if (rows[0].status !== 'created') return '';
         await c.query('SELECT pg_sleep($1)', [GAP_S]);
         await c.query('UPDATE naive.orders SET status = $2 WHERE id = $1', [orderId, target(i)]);
-        await c.query('INSERT INTO naive.order_events (order_id, from_status, to_status) VALUES ($1, $2, $3)', [orderId, rows[0].status, target(i)]);
+        await c.query('INSERT INTO naive.order_events (order_id, from_status, to_status) VALUES ($1, $2, $3)', [
+          orderId,
+          rows[0].status,
+          target(i),
+        ]);
         return target(i);
       });
     } else {
-      orderId = (await this.admin.query<{ id: string }>(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ($1, $2, 'EUR', 1000) RETURNING id`, [CLIENT, randomUUID()])).rows[0].id;
+      orderId = (
+        await this.admin.query<{ id: string }>(
+          `INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ($1, $2, 'EUR', 1000) RETURNING id`,
+          [CLIENT, randomUUID()],
+        )
+      ).rows[0].id;
       moved = await this.storm(async (c, i) => {
         const { rows } = await c.query<{ status: string }>(TRANSITION_ORDER, [orderId, CLIENT, target(i), ['created']]);
         return rows[0]?.status ?? '';
       });
     }
     const schema = side === 'naive' ? 'naive.' : '';
-    const final = (await this.admin.query<{ status: string }>(`SELECT status FROM ${schema}orders WHERE id = $1`, [orderId])).rows[0].status;
+    const final = (await this.admin.query<{ status: string }>(`SELECT status FROM ${schema}orders WHERE id = $1`, [orderId])).rows[0]
+      .status;
     const history = await this.count(`SELECT count(*) AS n FROM ${schema}order_events WHERE order_id = $1`, [orderId]);
     const succeeded = moved.filter(Boolean);
     // A lost update: a move the caller was told succeeded, overwritten by another. A second history row: a move recorded twice.
@@ -314,9 +343,14 @@ class Demo {
   async refund(side: Side): Promise<Counts> {
     let refunds: number;
     if (side === 'naive') {
-      const paymentId = (await this.admin.query<{ id: string }>('INSERT INTO naive.payments (amount_minor) VALUES ($1) RETURNING id', [PAYMENT_MINOR])).rows[0].id;
+      const paymentId = (
+        await this.admin.query<{ id: string }>('INSERT INTO naive.payments (amount_minor) VALUES ($1) RETURNING id', [PAYMENT_MINOR])
+      ).rows[0].id;
       await this.storm(async (c) => {
-        const { rows } = await c.query<{ amount_minor: string; refunded_minor: string }>('SELECT amount_minor, refunded_minor FROM naive.payments WHERE id = $1', [paymentId]);
+        const { rows } = await c.query<{ amount_minor: string; refunded_minor: string }>(
+          'SELECT amount_minor, refunded_minor FROM naive.payments WHERE id = $1',
+          [paymentId],
+        );
         if (Number(rows[0].refunded_minor) + REFUND_MINOR > Number(rows[0].amount_minor)) return;
         await c.query('SELECT pg_sleep($1)', [GAP_S]);
         await c.query('UPDATE naive.payments SET refunded_minor = refunded_minor + $2 WHERE id = $1', [paymentId, REFUND_MINOR]);
@@ -338,7 +372,10 @@ class Demo {
           await c.query('SELECT pg_sleep($1)', [GAP_S]);
           const reserved = await c.query(RESERVE_REFUND, [paymentId, REFUND_MINOR]);
           if (reserved.rowCount) {
-            await c.query(`INSERT INTO refunds (client_id, payment_id, amount_minor, outbound_key) VALUES ($1, $2, $3, 'refund:' || gen_random_uuid())`, [CLIENT, paymentId, REFUND_MINOR]);
+            await c.query(
+              `INSERT INTO refunds (client_id, payment_id, amount_minor, outbound_key) VALUES ($1, $2, $3, 'refund:' || gen_random_uuid())`,
+              [CLIENT, paymentId, REFUND_MINOR],
+            );
           }
           await c.query('COMMIT');
         } catch (err) {
@@ -403,7 +440,9 @@ function printTable(rows: Row[]): void {
   console.log(`\n${'pattern'.padEnd(width)} | ${cols.map(([, h]) => `${h} (naive / ours)`).join(' | ')}`);
   console.log(`${'-'.repeat(width)}-|-${cols.map(([, h]) => '-'.repeat(h.length + 15)).join('-|-')}`);
   for (const r of rows) {
-    console.log(`${r.pattern.padEnd(width)} | ${cols.map(([k, h]) => `${cell(r.naive, k)} / ${cell(r.ours, k)}`.padEnd(h.length + 15)).join(' | ')}`);
+    console.log(
+      `${r.pattern.padEnd(width)} | ${cols.map(([k, h]) => `${cell(r.naive, k)} / ${cell(r.ours, k)}`.padEnd(h.length + 15)).join(' | ')}`,
+    );
   }
 }
 

@@ -31,9 +31,7 @@ export class Orders1764414000000 implements MigrationInterface {
       )`);
     // Keyset pagination (newest first) per client, with and without a status filter.
     await queryRunner.query(`CREATE INDEX "ix_orders_client_created" ON "orders" ("client_id", "created_at", "id")`);
-    await queryRunner.query(
-      `CREATE INDEX "ix_orders_client_status_created" ON "orders" ("client_id", "status", "created_at", "id")`,
-    );
+    await queryRunner.query(`CREATE INDEX "ix_orders_client_status_created" ON "orders" ("client_id", "status", "created_at", "id")`);
     await queryRunner.query(`
       CREATE TABLE "order_items" (
         "order_id" uuid NOT NULL,

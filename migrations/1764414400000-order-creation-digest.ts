@@ -16,9 +16,7 @@ export class OrderCreationDigest1764414400000 implements MigrationInterface {
     await queryRunner.query(`ALTER TABLE "orders" ADD "creation_digest" text`);
     // A SHA-256 in lowercase hex or nothing: a digest in another form would silently match no
     // retry, turning every repeated create of the order into a 409.
-    await queryRunner.query(
-      `ALTER TABLE "orders" ADD CONSTRAINT "ck_orders_creation_digest" CHECK ("creation_digest" ~ '^[0-9a-f]{64}$')`,
-    );
+    await queryRunner.query(`ALTER TABLE "orders" ADD CONSTRAINT "ck_orders_creation_digest" CHECK ("creation_digest" ~ '^[0-9a-f]{64}$')`);
   }
 
   async down(queryRunner: QueryRunner): Promise<void> {

@@ -50,7 +50,9 @@ export class Webhooks1764414700000 implements MigrationInterface {
         CONSTRAINT "fk_late_charge_refunds_payment" FOREIGN KEY ("payment_id") REFERENCES "payments"("id") ON DELETE RESTRICT ON UPDATE NO ACTION
       )`);
     // The retry job looks for pending refunds that are due; few rows, so the index stays tiny.
-    await queryRunner.query(`CREATE INDEX "ix_late_charge_refunds_pending" ON "late_charge_refunds" ("next_attempt_at") WHERE "status" = 'pending'`);
+    await queryRunner.query(
+      `CREATE INDEX "ix_late_charge_refunds_pending" ON "late_charge_refunds" ("next_attempt_at") WHERE "status" = 'pending'`,
+    );
 
     // payments_oldest_pending_seconds reads min(created_at) of pending rows at every scrape: these
     // partial indexes hold only the pending rows, so that is one index probe, never a table scan.

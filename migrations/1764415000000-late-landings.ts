@@ -31,7 +31,9 @@ export class LateLandings1764415000000 implements MigrationInterface {
         CONSTRAINT "ck_provider_attempts_recheck" CHECK ("recheck_at" IS NULL OR "unreached_at" IS NOT NULL)
       )`);
     // The sweep's scan: only rows it still rechecks are in it, so it stays tiny.
-    await queryRunner.query(`CREATE INDEX "ix_provider_attempts_recheck" ON "provider_attempts" ("recheck_at") WHERE "recheck_at" IS NOT NULL`);
+    await queryRunner.query(
+      `CREATE INDEX "ix_provider_attempts_recheck" ON "provider_attempts" ("recheck_at") WHERE "recheck_at" IS NOT NULL`,
+    );
     // Rows the previous version failed as never reached within the last day may have had money land on them
     // since (that is the fault this migration closes): the sweep asks about each of them once more, soon.
     for (const [table, subject] of [

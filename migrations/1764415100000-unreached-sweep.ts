@@ -25,7 +25,9 @@ export class UnreachedSweep1764415100000 implements MigrationInterface {
       for (const [table, index] of INDEXES) {
         // A build interrupted earlier leaves an invalid index behind: start again from nothing.
         await queryRunner.query(`DROP INDEX CONCURRENTLY IF EXISTS "${index}"`);
-        await queryRunner.query(`CREATE INDEX CONCURRENTLY "${index}" ON "${table}" ("updated_at") WHERE "status" = 'failed' AND "failure_code" = 'provider_unreachable'`);
+        await queryRunner.query(
+          `CREATE INDEX CONCURRENTLY "${index}" ON "${table}" ("updated_at") WHERE "status" = 'failed' AND "failure_code" = 'provider_unreachable'`,
+        );
       }
     } finally {
       await queryRunner.query(`RESET statement_timeout`);

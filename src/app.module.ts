@@ -111,7 +111,8 @@ export class AppModule {
           inject: [HttpAdapterHost],
           useFactory: (host: HttpAdapterHost) => ({
             // The in-process sandbox is called over real HTTP on this app's own port (known once it listens).
-            baseUrl: () => config.pspBaseUrl ?? `http://127.0.0.1:${((host.httpAdapter.getHttpServer() as Server).address() as AddressInfo).port}/psp`,
+            baseUrl: () =>
+              config.pspBaseUrl ?? `http://127.0.0.1:${((host.httpAdapter.getHttpServer() as Server).address() as AddressInfo).port}/psp`,
             timeoutMs: config.pspTimeoutMs,
             maxAttempts: config.pspMaxAttempts,
             breakerThreshold: config.pspBreakerThreshold,

@@ -65,7 +65,8 @@ function servePatternPages(fastify: FastifyInstance): void {
   fastify.get<{ Params: { page: string } }>(`${PATTERN_PAGES_PATH}/:page`, async (req, reply) => {
     const page = req.params.page.replace(/\.md$/, '');
     const text = pages.has(page) ? await readFile(resolve('docs/patterns', `${page}.md`), 'utf8').catch(() => undefined) : undefined;
-    if (text === undefined) sendProblem(ProblemException.of(404, 'not-found', 'Not Found', `There is no pattern page ${req.params.page}.`), req, reply, logger);
+    if (text === undefined)
+      sendProblem(ProblemException.of(404, 'not-found', 'Not Found', `There is no pattern page ${req.params.page}.`), req, reply, logger);
     else await reply.type('text/markdown; charset=utf-8').send(text);
     return reply;
   });
@@ -84,7 +85,10 @@ export function buildOpenApiDocument(app: INestApplication) {
     .addServer('/', 'This server')
     .addTag('orders', 'Create orders safely (Idempotency-Key or Submit-Token), read them, change them, move them through their states.')
     .addTag('payments', 'Pay orders and refund payments through the provider: atomic phases under the Idempotency-Key, never two charges.')
-    .addTag('webhooks', "The provider's events, delivered at least once and applied exactly once (Standard Webhooks signatures; no API key).")
+    .addTag(
+      'webhooks',
+      "The provider's events, delivered at least once and applied exactly once (Standard Webhooks signatures; no API key).",
+    )
     .addTag('operations', 'Health and metrics for operators; no API key.')
     .addTag(PSP_SANDBOX_TAG.name, PSP_SANDBOX_TAG.description)
     .addBearerAuth(
@@ -144,7 +148,10 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
   });
   fastify.addHook('onResponse', (req, reply, done) => {
     // The route pattern, not the URL: one series per endpoint, however many ids there are.
-    duration.observe({ method: req.method, route: req.routeOptions.url ?? 'unmatched', status: String(reply.statusCode) }, reply.elapsedTime / 1000);
+    duration.observe(
+      { method: req.method, route: req.routeOptions.url ?? 'unmatched', status: String(reply.statusCode) },
+      reply.elapsedTime / 1000,
+    );
     done();
   });
   applyHttpRules(app);

@@ -78,7 +78,9 @@ async function bootstrap(): Promise<void> {
   if (config.usingDevApiKey) lines.push(`  dev API key for "Authorize": ${DEV_API_CLIENT.secret}  (client "${DEV_API_CLIENT.clientId}")`);
   console.log(lines.join('\n'));
   if (config.pspSandboxOptedIn) {
-    console.warn(`WARNING: PSP_SANDBOX=in-process on DATABASE_URL: the test sandbox at ${url}/psp takes test tokens as payments from anyone who reaches this port. Demos only; set PSP_BASE_URL for a real provider.`);
+    console.warn(
+      `WARNING: PSP_SANDBOX=in-process on DATABASE_URL: the test sandbox at ${url}/psp takes test tokens as payments from anyone who reaches this port. Demos only; set PSP_BASE_URL for a real provider.`,
+    );
   }
 
   stopOnSignals(app, database);

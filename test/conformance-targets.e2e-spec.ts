@@ -20,7 +20,8 @@ const order = { currency: 'EUR', items: [{ sku: 'sku-{{unique}}', quantity: 2, u
 
 /** One target design on its own database, started (and restarted by the crash checks) at a fixed port. */
 function targetUnderTest(design: 'key-after-commit' | 'route-key') {
-  const state: { database?: { url: string; drop(): Promise<void> }; db?: Pool; env: Record<string, string>; processes: ServiceProcess[] } = { env: {}, processes: [] };
+  const state: { database?: { url: string; drop(): Promise<void> }; db?: Pool; env: Record<string, string>; processes: ServiceProcess[] } =
+    { env: {}, processes: [] };
   const start = async () => void state.processes.push(await startServiceProcess(state.env, { main: TARGET }));
   beforeAll(async () => {
     state.database = await createTestDatabase({ empty: true });
@@ -49,14 +50,19 @@ function targetUnderTest(design: 'key-after-commit' | 'route-key') {
         serverError: {
           body: { currency: 'EUR', items: [{ sku: 'sku-5xx', quantity: 1, unitPriceMinor: 4242 }] },
           arm: async () => {
-            await state.db!.query(`CREATE FUNCTION conformance_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'provoked'; END $$`);
-            await state.db!.query('CREATE TRIGGER conformance_fail BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.total_minor = 4242) EXECUTE FUNCTION conformance_fail()');
+            await state.db!.query(
+              `CREATE FUNCTION conformance_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'provoked'; END $$`,
+            );
+            await state.db!.query(
+              'CREATE TRIGGER conformance_fail BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.total_minor = 4242) EXECUTE FUNCTION conformance_fail()',
+            );
           },
           disarm: async () => void (await state.db!.query('DROP TRIGGER conformance_fail ON orders; DROP FUNCTION conformance_fail()')),
         },
       },
     );
-  const ordersOf = async (client: string) => (await state.db!.query<{ n: number }>('SELECT count(*)::int AS n FROM orders WHERE client_id = $1', [client])).rows[0].n;
+  const ordersOf = async (client: string) =>
+    (await state.db!.query<{ n: number }>('SELECT count(*)::int AS n FROM orders WHERE client_id = $1', [client])).rows[0].n;
   return { target, ordersOf };
 }
 
@@ -72,7 +78,9 @@ describe('the kit against a target that records the key after the order commits'
         const before = await ordersOf('client-a');
         const [result] = (await runConformance(target(['crash-after-effect']))).results;
         expect({ run, outcome: result.outcome }).toEqual({ run, outcome: 'fail' });
-        expect(result.detail).toMatch(/^killed inside the window \(its effect counted while held\), restarted, retried: 2 effects from one key/);
+        expect(result.detail).toMatch(
+          /^killed inside the window \(its effect counted while held\), restarted, retried: 2 effects from one key/,
+        );
         // The database agrees: two orders where one was asked for.
         expect(await ordersOf('client-a')).toBe(before + 2);
       }
@@ -92,15 +100,29 @@ describe('the kit against a target that records the key after the order commits'
   it('the racing check overlaps on purpose and passes twice: the duplicates arrive while the first is held', async () => {
     for (let run = 1; run <= 2; run++) {
       const [result] = (await runConformance(target(['parallel-one-effect']))).results;
-      expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({ run, outcome: 'pass', detail: expect.stringMatching(/1 effect\(s\); the others sent while the first was held \(its effect counted while held\)/) });
+      expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({
+        run,
+        outcome: 'pass',
+        detail: expect.stringMatching(/1 effect\(s\); the others sent while the first was held \(its effect counted while held\)/),
+      });
     }
   });
 });
 
 const CHECKS_BUT_CRASHES = [
-  'missing-key', 'malformed-key-too-long', 'malformed-key-empty', 'malformed-key-commas', 'malformed-key-two-headers', 'retry-replays',
-  'another-body-422', 'parallel-one-effect', 'other-caller-own-effect', 'reordered-json-replays', 'validation-error-keeps-key',
-  'server-error-not-stored', 'openapi-expiry',
+  'missing-key',
+  'malformed-key-too-long',
+  'malformed-key-empty',
+  'malformed-key-commas',
+  'malformed-key-two-headers',
+  'retry-replays',
+  'another-body-422',
+  'parallel-one-effect',
+  'other-caller-own-effect',
+  'reordered-json-replays',
+  'validation-error-keeps-key',
+  'server-error-not-stored',
+  'openapi-expiry',
 ];
 
 describe('the kit against a target that keys on method + path + key', () => {
@@ -124,13 +146,19 @@ describe('the kit against a target that keys on method + path + key', () => {
     const [result] = (await runConformance(unheld)).results;
     expect(result.outcome).toBe('fail');
     // Answered before its order was counted, or counted a moment before its answer (then killed and restarted): either way a failure.
-    expect(result.detail).toMatch(/^the held request (answered 201 before a 1xx or its effect counted|was answered \(201\) although the API was killed): hold does not make it wait/);
+    expect(result.detail).toMatch(
+      /^the held request (answered 201 before a 1xx or its effect counted|was answered \(201\) although the API was killed): hold does not make it wait/,
+    );
   });
 
   it('the racing check passes twice, overlapped by the hold', async () => {
     for (let run = 1; run <= 2; run++) {
       const [result] = (await runConformance(target(['parallel-one-effect']))).results;
-      expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({ run, outcome: 'pass', detail: expect.stringMatching(/the others sent while the first was held \(answered 102 when held\)/) });
+      expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({
+        run,
+        outcome: 'pass',
+        detail: expect.stringMatching(/the others sent while the first was held \(answered 102 when held\)/),
+      });
     }
   });
 });

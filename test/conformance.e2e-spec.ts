@@ -26,10 +26,16 @@ const order = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', quan
 const CLI = resolve(process.cwd(), 'dist/conformance/cli.js');
 
 /** The kit's CLI as a user runs it (npm test builds dist/ first). */
-function cli(args: string[], options: { cwd?: string; env?: Record<string, string> } = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+function cli(
+  args: string[],
+  options: { cwd?: string; env?: Record<string, string> } = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((done) =>
-    execFile(process.execPath, [CLI, ...args], { cwd: options.cwd, env: { PATH: process.env.PATH ?? '', NO_COLOR: '1', ...options.env } }, (err, stdout, stderr) =>
-      done({ code: err ? Number(err.code) : 0, stdout, stderr }),
+    execFile(
+      process.execPath,
+      [CLI, ...args],
+      { cwd: options.cwd, env: { PATH: process.env.PATH ?? '', NO_COLOR: '1', ...options.env } },
+      (err, stdout, stderr) => done({ code: err ? Number(err.code) : 0, stdout, stderr }),
     ),
   );
 }
@@ -37,8 +43,21 @@ function cli(args: string[], options: { cwd?: string; env?: Record<string, strin
 describe('the conformance kit: its input', () => {
   it('reads flags into a config; refuses a base that is not loopback, and a missing caller', () => {
     const { config, json } = parseArgs([
-      '--base', 'http://127.0.0.1:3000', '--method', 'post', '--path', '/orders', '--body', '{"a":1}',
-      '--caller-a', 'Authorization: Bearer x', '--caller-a', 'X-Tenant: t1', '--caller-b', 'Authorization: Bearer y', '--json',
+      '--base',
+      'http://127.0.0.1:3000',
+      '--method',
+      'post',
+      '--path',
+      '/orders',
+      '--body',
+      '{"a":1}',
+      '--caller-a',
+      'Authorization: Bearer x',
+      '--caller-a',
+      'X-Tenant: t1',
+      '--caller-b',
+      'Authorization: Bearer y',
+      '--json',
     ]);
     expect(json).toBe(true);
     expect(config.operation).toEqual({ method: 'POST', path: '/orders', body: { a: 1 } });
@@ -52,10 +71,14 @@ describe('the conformance kit: its input', () => {
     const valid = { base: 'http://127.0.0.1:1', operation: { method: 'POST', path: '/orders', body: {} }, callers: { a: {}, b: {} } };
     expect(() => validateConfig({ ...valid, crsh: { kill: 'x', start: 'y' } })).toThrow(/^unknown key crsh \(known: base, operation, /);
     expect(() => validateConfig({ ...valid, serverEror: {} })).toThrow(/^unknown key serverEror /);
-    expect(() => validateConfig({ ...valid, crash: { kill: 'x', start: 'y', retryWindow: 5 } })).toThrow(/^unknown key crash\.retryWindow \(known in crash: kill, start, keys, retryWindowMs\)/);
+    expect(() => validateConfig({ ...valid, crash: { kill: 'x', start: 'y', retryWindow: 5 } })).toThrow(
+      /^unknown key crash\.retryWindow \(known in crash: kill, start, keys, retryWindowMs\)/,
+    );
     expect(() => validateConfig({ ...valid, parallel: '10' })).toThrow(/^parallel must be an integer from 2 to 32, got "10"/);
     expect(() => validateConfig({ ...valid, crash: { kill: 'x', start: 'y', keys: 2.5 } })).toThrow(/^crash\.keys must be an integer/);
-    expect(() => validateConfig({ ...valid, callers: { a: { Authorization: 1 }, b: {} } })).toThrow(/^callers\.a must be an object of header names/);
+    expect(() => validateConfig({ ...valid, callers: { a: { Authorization: 1 }, b: {} } })).toThrow(
+      /^callers\.a must be an object of header names/,
+    );
     expect(() => validateConfig({ ...valid, effects: { list: { items: 'items' } } })).toThrow(/^effects\.list\.path is required/);
     expect(() => validateConfig({ ...valid, hold: {} })).toThrow(/^hold needs headers, a body or an arm command/);
   });
@@ -73,7 +96,12 @@ describe('the conformance kit: its input', () => {
   it('the CLI: a config mistake exits 2 naming the key; a relative --config is read from where the user ran (INIT_CWD under npm run)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'conformance-config-'));
     try {
-      const config = { base: 'http://127.0.0.1:1', operation: { method: 'POST', path: '/orders', body: {} }, callers: { a: {}, b: {} }, crash: { kill: 'true', start: 'true' } };
+      const config = {
+        base: 'http://127.0.0.1:1',
+        operation: { method: 'POST', path: '/orders', body: {} },
+        callers: { a: {}, b: {} },
+        crash: { kill: 'true', start: 'true' },
+      };
       writeFileSync(join(dir, 'typo.json'), JSON.stringify({ ...config, crsh: {} }));
       // npm run moves to the package's folder and says where the user was in INIT_CWD.
       const typo = await cli(['--config', 'typo.json'], { cwd: process.cwd(), env: { INIT_CWD: dir } });
@@ -104,7 +132,12 @@ describe('the conformance kit against the service', () => {
     db = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
     // A fixed port: the crash check restarts the service at the same base URL.
     // CONFORMANCE_HOOKS: the kit may hold a create after its writes (src/common/conformance-hold.ts), as in CI.
-    env = { DATABASE_URL: database.url, API_KEYS: `alice:${ALICE.secret},bob:${BOB.secret}`, PORT: String(await freePort()), CONFORMANCE_HOOKS: '1' };
+    env = {
+      DATABASE_URL: database.url,
+      API_KEYS: `alice:${ALICE.secret},bob:${BOB.secret}`,
+      PORT: String(await freePort()),
+      CONFORMANCE_HOOKS: '1',
+    };
     await start();
   }, PROCESS_TEST_TIMEOUT_MS);
   afterAll(async () => {
@@ -133,7 +166,11 @@ describe('the conformance kit against the service', () => {
       for (let run = 1; run <= 5; run++) {
         const { rows: before } = await db.query(`SELECT count(*)::int AS n FROM orders`);
         const [result] = (await runConformance(targetFor(['crash-after-effect']))).results;
-        expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({ run, outcome: 'pass', detail: expect.stringMatching(/^killed inside the window \(answered 102 when held\); the retry 201 /) });
+        expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({
+          run,
+          outcome: 'pass',
+          detail: expect.stringMatching(/^killed inside the window \(answered 102 when held\); the retry 201 /),
+        });
         const { rows: after } = await db.query(`SELECT count(*)::int AS n FROM orders`);
         expect(after[0].n - before[0].n).toBe(1);
       }
@@ -144,7 +181,11 @@ describe('the conformance kit against the service', () => {
   it('parallel-one-effect overlaps on purpose (the first held inside its transaction) and passes twice', async () => {
     for (let run = 1; run <= 2; run++) {
       const [result] = (await runConformance(targetFor(['parallel-one-effect']))).results;
-      expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({ run, outcome: 'pass', detail: expect.stringMatching(/1 effect\(s\); the others sent while the first was held \(answered 102 when held\)$/) });
+      expect({ run, outcome: result.outcome, detail: result.detail }).toEqual({
+        run,
+        outcome: 'pass',
+        detail: expect.stringMatching(/1 effect\(s\); the others sent while the first was held \(answered 102 when held\)$/),
+      });
     }
   });
 
@@ -163,8 +204,12 @@ describe('the conformance kit against the service', () => {
         serverError: {
           body: order(FIVE_HUNDRED_NOTE),
           arm: async () => {
-            await db.query(`CREATE FUNCTION conformance_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'provoked'; END $$`);
-            await db.query(`CREATE TRIGGER conformance_fail BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = '${FIVE_HUNDRED_NOTE}') EXECUTE FUNCTION conformance_fail()`);
+            await db.query(
+              `CREATE FUNCTION conformance_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'provoked'; END $$`,
+            );
+            await db.query(
+              `CREATE TRIGGER conformance_fail BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = '${FIVE_HUNDRED_NOTE}') EXECUTE FUNCTION conformance_fail()`,
+            );
           },
           disarm: async () => void (await db.query('DROP TRIGGER conformance_fail ON orders; DROP FUNCTION conformance_fail()')),
         },
@@ -176,7 +221,9 @@ describe('the conformance kit against the service', () => {
         },
       });
       const report = await runConformance(target);
-      const failed = report.results.filter((r) => r.outcome !== 'pass').map((r) => ({ id: r.id, outcome: r.outcome, detail: r.detail, evidence: r.evidence.flatMap(describeExchange) }));
+      const failed = report.results
+        .filter((r) => r.outcome !== 'pass')
+        .map((r) => ({ id: r.id, outcome: r.outcome, detail: r.detail, evidence: r.evidence.flatMap(describeExchange) }));
       expect(failed).toEqual([]);
       expect(report.results.map((r) => r.id)).toEqual(CHECKS.map((c) => c.id));
       // The 5xx check's insert was refused by the trigger, then ran once disarmed: one order with that note.
@@ -188,17 +235,34 @@ describe('the conformance kit against the service', () => {
 
   it('the CLI: exit 0 and JSON when the checks pass; exit 1 with what was sent and what came back when one fails', async () => {
     const args = [
-      '--base', service.url, '--method', 'POST', '--path', '/orders', '--body', JSON.stringify(order('cli {{unique}}')),
-      '--caller-a', `Authorization: ${bearer(ALICE)}`, '--caller-b', `Authorization: ${bearer(BOB)}`, '--only', 'retry-replays,malformed-key-commas',
+      '--base',
+      service.url,
+      '--method',
+      'POST',
+      '--path',
+      '/orders',
+      '--body',
+      JSON.stringify(order('cli {{unique}}')),
+      '--caller-a',
+      `Authorization: ${bearer(ALICE)}`,
+      '--caller-b',
+      `Authorization: ${bearer(BOB)}`,
+      '--only',
+      'retry-replays,malformed-key-commas',
     ];
     const passing = await cli([...args, '--json']);
     expect(passing.code).toBe(0);
     const report = JSON.parse(passing.stdout);
-    expect(report.results.map((r: { id: string; outcome: string }) => [r.id, r.outcome])).toEqual([['malformed-key-commas', 'pass'], ['retry-replays', 'pass']]);
+    expect(report.results.map((r: { id: string; outcome: string }) => [r.id, r.outcome])).toEqual([
+      ['malformed-key-commas', 'pass'],
+      ['retry-replays', 'pass'],
+    ]);
     // A replay marker the service does not send: the kit must fail, and show both exchanges.
     const failing = await cli([...args, '--replay-header', 'X-Not-Sent']);
     expect(failing.code).toBe(1);
-    expect(failing.stdout).toMatch(/FAIL +retry-replays +the retry: same status and bytes, but no header marks it as a replay \(X-Not-Sent\)/);
+    expect(failing.stdout).toMatch(
+      /FAIL +retry-replays +the retry: same status and bytes, but no header marks it as a replay \(X-Not-Sent\)/,
+    );
     // The caller's credentials are shown by their length only.
     expect(failing.stdout).toMatch(/sent: POST \/orders Authorization: Bearer <23 characters> \| Idempotency-Key: conformance-/);
     expect(failing.stdout).not.toContain(ALICE.secret);
@@ -207,7 +271,12 @@ describe('the conformance kit against the service', () => {
   });
 
   it('refuses a bare key with commas (two headers merged into one), and accepts it quoted', async () => {
-    const post = (key: string) => request(service.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(order(`commas ${key}`));
+    const post = (key: string) =>
+      request(service.url)
+        .post('/orders')
+        .set('Authorization', bearer(ALICE))
+        .set('Idempotency-Key', key)
+        .send(order(`commas ${key}`));
     const bare = await post('key,with,commas');
     expect(bare.status).toBe(400);
     expect(bare.headers['content-type']).toMatch(/^application\/problem\+json/);
@@ -220,7 +289,11 @@ describe('the conformance kit against the service', () => {
 
   describe('PATCH /orders/:id under an Idempotency-Key', () => {
     const create = async () => {
-      const res = await request(service.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send(order('to edit'));
+      const res = await request(service.url)
+        .post('/orders')
+        .set('Authorization', bearer(ALICE))
+        .set('Idempotency-Key', randomUUID())
+        .send(order('to edit'));
       expect(res.status).toBe(201);
       return res.body.id as string;
     };

@@ -71,98 +71,127 @@ describe('one embedded data folder, one owner', () => {
 
   const health = () => request(service.url).get('/health');
 
-  it('migration:show and migration:run use the running server, and it still answers afterwards', async () => {
-    const show = await migrate('show', env);
-    expect(show.code).toBe(0);
-    expect(show.stdout).toContain(`all ${serviceMigrations('in-process').length} migrations are applied`);
-    expect(show.stderr.trim()).toBe(`using the embedded PostgreSQL of pid ${service.child.pid} (node dist/src/main.js), which holds ${env.EMBEDDED_PG_DIR}`);
-    expect((await health()).status).toBe(200);
-
-    const run = await migrate('run', env);
-    expect(run.code).toBe(0);
-    expect(run.stdout.trim()).toBe('no pending migrations');
-    expect((await health()).status).toBe(200);
-    expect(alive(postmasterPid)).toBe(true);
-  }, TIMEOUT_MS);
-
-  it('the service reaches its embedded PostgreSQL over the Unix socket in the data folder, not over TCP', async () => {
-    expect((await health()).status).toBe(200);
-    const observer = new Client({ connectionString: `postgres://postgres:postgres@127.0.0.1:${env.EMBEDDED_PG_PORT}/postgres` });
-    await observer.connect();
-    try {
-      // PostgreSQL reports client_port -1 for a connection over a Unix-domain socket.
-      const { rows } = await observer.query<{ unix: number; tcp: number }>(
-        `SELECT count(*) FILTER (WHERE client_port = -1)::int AS unix, count(*) FILTER (WHERE client_port <> -1)::int AS tcp
-           FROM pg_stat_activity WHERE application_name = 'idempotent-orders'`,
+  it(
+    'migration:show and migration:run use the running server, and it still answers afterwards',
+    async () => {
+      const show = await migrate('show', env);
+      expect(show.code).toBe(0);
+      expect(show.stdout).toContain(`all ${serviceMigrations('in-process').length} migrations are applied`);
+      expect(show.stderr.trim()).toBe(
+        `using the embedded PostgreSQL of pid ${service.child.pid} (node dist/src/main.js), which holds ${env.EMBEDDED_PG_DIR}`,
       );
-      expect(rows[0]).toEqual({ unix: expect.any(Number), tcp: 0 });
-      expect(rows[0].unix).toBeGreaterThan(0);
-    } finally {
-      await observer.end();
-    }
-    expect(existsSync(join(env.EMBEDDED_PG_DIR, `.s.PGSQL.${env.EMBEDDED_PG_PORT}`))).toBe(true);
-  }, TIMEOUT_MS);
+      expect((await health()).status).toBe(200);
 
-  it('a second start on the same folder is refused in one line naming the holder and what to set; the first keeps serving', async () => {
-    const second = await runServiceToExit({ ...env, PORT: '0' });
-    expect(second.code).toBe(1);
-    expect(second.output.trim()).toBe(
-      `EMBEDDED_PG_DIR ${env.EMBEDDED_PG_DIR} is in use by pid ${service.child.pid} (node dist/src/main.js). ` +
-        'Stop that process first, or give this one a folder and ports of its own: EMBEDDED_PG_DIR, EMBEDDED_PG_PORT and PORT.',
-    );
-    expect((await health()).status).toBe(200);
-    const created = await request(service.url)
-      .post('/orders')
-      .set('Authorization', bearer(DEV_API_CLIENT))
-      .set('Idempotency-Key', `after-second-start-${Date.now()}`)
-      .send({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }] });
-    expect(created.status).toBe(201);
-  }, TIMEOUT_MS);
+      const run = await migrate('run', env);
+      expect(run.code).toBe(0);
+      expect(run.stdout.trim()).toBe('no pending migrations');
+      expect((await health()).status).toBe(200);
+      expect(alive(postmasterPid)).toBe(true);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("a second start on another folder but the first one's PORT is refused in one line, before it starts a database", async () => {
-    const other = join(dir, 'other');
-    const { port } = new URL(service.url);
-    const second = await runServiceToExit({ EMBEDDED_PG_DIR: other, EMBEDDED_PG_PORT: String(await freePort()), PORT: port });
-    expect(second.code).toBe(1);
-    expect(second.output.trim()).toBe(`PORT ${port} is in use by another program (another npm start?): set PORT to a free port`);
-    expect(existsSync(other)).toBe(false);
-    expect((await health()).status).toBe(200);
-  }, TIMEOUT_MS);
+  it(
+    'the service reaches its embedded PostgreSQL over the Unix socket in the data folder, not over TCP',
+    async () => {
+      expect((await health()).status).toBe(200);
+      const observer = new Client({ connectionString: `postgres://postgres:postgres@127.0.0.1:${env.EMBEDDED_PG_PORT}/postgres` });
+      await observer.connect();
+      try {
+        // PostgreSQL reports client_port -1 for a connection over a Unix-domain socket.
+        const { rows } = await observer.query<{ unix: number; tcp: number }>(
+          `SELECT count(*) FILTER (WHERE client_port = -1)::int AS unix, count(*) FILTER (WHERE client_port <> -1)::int AS tcp
+           FROM pg_stat_activity WHERE application_name = 'idempotent-orders'`,
+        );
+        expect(rows[0]).toEqual({ unix: expect.any(Number), tcp: 0 });
+        expect(rows[0].unix).toBeGreaterThan(0);
+      } finally {
+        await observer.end();
+      }
+      expect(existsSync(join(env.EMBEDDED_PG_DIR, `.s.PGSQL.${env.EMBEDDED_PG_PORT}`))).toBe(true);
+    },
+    TIMEOUT_MS,
+  );
 
-  it('Ctrl-C (SIGINT to its process group) with a request in flight: the request is answered, then PostgreSQL stops, exit 0', async () => {
-    const orderNumber = `ctrl-c-${Date.now()}`;
-    const holder = new Client({ connectionString: `postgres://postgres:postgres@127.0.0.1:${env.EMBEDDED_PG_PORT}/postgres` });
-    // The server stops at the end of this test: that must not be an unhandled 'error'.
-    holder.on('error', () => undefined);
-    await holder.connect();
-    // The create waits on its order number, which the test's own transaction holds.
-    await holder.query('BEGIN');
-    await holder.query(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ($1, $2, 'EUR', 1)`, [DEV_API_CLIENT.clientId, orderNumber]);
-    const answer = request(service.url)
-      .post('/orders')
-      .set('Authorization', bearer(DEV_API_CLIENT))
-      .set('Idempotency-Key', orderNumber)
-      .send({ currency: 'EUR', orderNumber, items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }] })
-      .then((res) => res.status);
-    // Settled here too, so a failure before it is awaited below is not also an unhandled rejection.
-    answer.catch(() => undefined);
-    const waiting = async () =>
-      (await holder.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows[0].n >= 1;
-    await until(waiting, 'the create never waited on its order number');
+  it(
+    'a second start on the same folder is refused in one line naming the holder and what to set; the first keeps serving',
+    async () => {
+      const second = await runServiceToExit({ ...env, PORT: '0' });
+      expect(second.code).toBe(1);
+      expect(second.output.trim()).toBe(
+        `EMBEDDED_PG_DIR ${env.EMBEDDED_PG_DIR} is in use by pid ${service.child.pid} (node dist/src/main.js). ` +
+          'Stop that process first, or give this one a folder and ports of its own: EMBEDDED_PG_DIR, EMBEDDED_PG_PORT and PORT.',
+      );
+      expect((await health()).status).toBe(200);
+      const created = await request(service.url)
+        .post('/orders')
+        .set('Authorization', bearer(DEV_API_CLIENT))
+        .set('Idempotency-Key', `after-second-start-${Date.now()}`)
+        .send({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }] });
+      expect(created.status).toBe(201);
+    },
+    TIMEOUT_MS,
+  );
 
-    // What a terminal does on Ctrl-C: the signal to every process of the foreground group.
-    process.kill(-service.child.pid!, 'SIGINT');
-    await until(() => service.output().includes('SIGINT: stopping'), 'the service never began to stop');
-    // The service is draining: PostgreSQL, in a session of its own, did not get the signal.
-    expect(alive(postmasterPid)).toBe(true);
-    await holder.query('ROLLBACK');
-    await holder.end();
+  it(
+    "a second start on another folder but the first one's PORT is refused in one line, before it starts a database",
+    async () => {
+      const other = join(dir, 'other');
+      const { port } = new URL(service.url);
+      const second = await runServiceToExit({ EMBEDDED_PG_DIR: other, EMBEDDED_PG_PORT: String(await freePort()), PORT: port });
+      expect(second.code).toBe(1);
+      expect(second.output.trim()).toBe(`PORT ${port} is in use by another program (another npm start?): set PORT to a free port`);
+      expect(existsSync(other)).toBe(false);
+      expect((await health()).status).toBe(200);
+    },
+    TIMEOUT_MS,
+  );
 
-    expect(await answer).toBe(201);
-    expect(await service.exited).toBe(0);
-    expect(alive(postmasterPid)).toBe(false);
-    expect(existsSync(join(dir, 'pg', 'postmaster.pid'))).toBe(false);
-    // The folder is free again: its owner file went with the service.
-    expect(existsSync(`${env.EMBEDDED_PG_DIR}.owner`)).toBe(false);
-  }, TIMEOUT_MS);
+  it(
+    'Ctrl-C (SIGINT to its process group) with a request in flight: the request is answered, then PostgreSQL stops, exit 0',
+    async () => {
+      const orderNumber = `ctrl-c-${Date.now()}`;
+      const holder = new Client({ connectionString: `postgres://postgres:postgres@127.0.0.1:${env.EMBEDDED_PG_PORT}/postgres` });
+      // The server stops at the end of this test: that must not be an unhandled 'error'.
+      holder.on('error', () => undefined);
+      await holder.connect();
+      // The create waits on its order number, which the test's own transaction holds.
+      await holder.query('BEGIN');
+      await holder.query(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ($1, $2, 'EUR', 1)`, [
+        DEV_API_CLIENT.clientId,
+        orderNumber,
+      ]);
+      const answer = request(service.url)
+        .post('/orders')
+        .set('Authorization', bearer(DEV_API_CLIENT))
+        .set('Idempotency-Key', orderNumber)
+        .send({ currency: 'EUR', orderNumber, items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 100 }] })
+        .then((res) => res.status);
+      // Settled here too, so a failure before it is awaited below is not also an unhandled rejection.
+      answer.catch(() => undefined);
+      const waiting = async () =>
+        (
+          await holder.query(
+            `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`,
+          )
+        ).rows[0].n >= 1;
+      await until(waiting, 'the create never waited on its order number');
+
+      // What a terminal does on Ctrl-C: the signal to every process of the foreground group.
+      process.kill(-service.child.pid!, 'SIGINT');
+      await until(() => service.output().includes('SIGINT: stopping'), 'the service never began to stop');
+      // The service is draining: PostgreSQL, in a session of its own, did not get the signal.
+      expect(alive(postmasterPid)).toBe(true);
+      await holder.query('ROLLBACK');
+      await holder.end();
+
+      expect(await answer).toBe(201);
+      expect(await service.exited).toBe(0);
+      expect(alive(postmasterPid)).toBe(false);
+      expect(existsSync(join(dir, 'pg', 'postmaster.pid'))).toBe(false);
+      // The folder is free again: its owner file went with the service.
+      expect(existsSync(`${env.EMBEDDED_PG_DIR}.owner`)).toBe(false);
+    },
+    TIMEOUT_MS,
+  );
 });

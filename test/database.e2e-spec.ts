@@ -148,7 +148,10 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
   const open = async (env: Record<string, string> = {}) => {
     dataSource = new DataSource(typeormOptions(database.url, { poolSize: 1 }));
     await dataSource.initialize();
-    return new Database(dataSource, resolveIdempotencyOptions({ callerScope: () => 'test', preparedStatements: env.DATABASE_PREPARED_STATEMENTS !== 'false' }));
+    return new Database(
+      dataSource,
+      resolveIdempotencyOptions({ callerScope: () => 'test', preparedStatements: env.DATABASE_PREPARED_STATEMENTS !== 'false' }),
+    );
   };
   beforeEach(async () => {
     database = await createTestDatabase();
@@ -203,7 +206,10 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
   });
 
   it('with DATABASE_PREPARED_STATEMENTS=false nothing is prepared on the server, and a schema change costs no error at all', async () => {
-    const failures = jest.spyOn(Database.prototype as unknown as { rollBackAndDiscardStatements(): Promise<void> }, 'rollBackAndDiscardStatements');
+    const failures = jest.spyOn(
+      Database.prototype as unknown as { rollBackAndDiscardStatements(): Promise<void> },
+      'rollBackAndDiscardStatements',
+    );
     try {
       const db = await open({ DATABASE_PREPARED_STATEMENTS: 'false' });
       expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);

@@ -47,7 +47,14 @@ describe('npm run demo:race', () => {
         '4 read-then-write refund check',
         '5 consumer check-act-mark, redelivered',
       ]);
-      for (const r of rows) expect({ pattern: r.pattern, ...r.ours }).toEqual({ pattern: r.pattern, duplicates: 0, lostUpdates: 0, doubleCharges: 0, stuckKeys: 0 });
+      for (const r of rows)
+        expect({ pattern: r.pattern, ...r.ours }).toEqual({
+          pattern: r.pattern,
+          duplicates: 0,
+          lostUpdates: 0,
+          doubleCharges: 0,
+          stuckKeys: 0,
+        });
       expect(row('1 ').naive.duplicates).toBeGreaterThan(0);
       expect(row('4 ').naive.doubleCharges).toBeGreaterThan(0);
       expect(row('5 ').naive.duplicates).toBeGreaterThan(0);

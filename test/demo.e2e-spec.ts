@@ -26,7 +26,10 @@ const STEPS = [
 
 /** Runs the built demo (`npm test` builds first) against `url`; resolves with its exit code and output. */
 async function runDemo(env: Record<string, string>): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, [DEMO], { env: { PATH: process.env.PATH ?? '', NO_COLOR: '1', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [DEMO], {
+    env: { PATH: process.env.PATH ?? '', NO_COLOR: '1', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
@@ -57,36 +60,52 @@ describe('npm run demo: the narrated walk, as a smoke test of a running service'
     await t?.close();
   });
 
-  it('walks every step against DEMO_URL, exits 0, and leaves exactly what the narration says in the database', async () => {
-    const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: ALICE.secret, DEMO_WEBHOOK_SECRET: WEBHOOK_SECRET });
-    expect(output).not.toContain('✗');
-    expect(code).toBe(0);
-    for (const [i, title] of STEPS.entries()) expect(output).toContain(`${i + 1}. ${title}`);
-    expect(output).toContain(`All ${STEPS.length} steps answered as narrated.`);
-    expect(output).not.toContain('skipped');
-    expect(output).not.toContain('\u001b['); // NO_COLOR, and not a terminal
+  it(
+    'walks every step against DEMO_URL, exits 0, and leaves exactly what the narration says in the database',
+    async () => {
+      const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: ALICE.secret, DEMO_WEBHOOK_SECRET: WEBHOOK_SECRET });
+      expect(output).not.toContain('✗');
+      expect(code).toBe(0);
+      for (const [i, title] of STEPS.entries()) expect(output).toContain(`${i + 1}. ${title}`);
+      expect(output).toContain(`All ${STEPS.length} steps answered as narrated.`);
+      expect(output).not.toContain('skipped');
+      expect(output).not.toContain('\u001b['); // NO_COLOR, and not a terminal
 
-    // What the client saw, checked where it was written.
-    const orders = await t.db.query(`SELECT order_number, status FROM orders WHERE client_id = 'alice' AND order_number LIKE 'DEMO-%' ORDER BY order_number`);
-    expect(orders.rows.map((r) => r.order_number.replace(/^DEMO-[a-z0-9]+-/, ''))).toEqual(['1', 'lost', 'storm']);
-    expect(orders.rows.map((r) => r.status)).toEqual(['refunded', 'paid', 'cancelled']);
-    const cancels = await t.db.query(`SELECT count(*)::int AS n FROM order_events e JOIN orders o ON o.id = e.order_id WHERE o.order_number LIKE 'DEMO-%-storm' AND e.to_status = 'cancelled'`);
-    expect(cancels.rows[0].n).toBe(1);
-    const lost = await t.db.query(
-      `SELECT p.status FROM payments p JOIN orders o ON o.id = p.order_id WHERE o.order_number LIKE 'DEMO-%-lost'`,
-    );
-    expect(lost.rows).toEqual([{ status: 'succeeded' }]);
-  }, RUN_DEADLINE_MS + 10_000);
+      // What the client saw, checked where it was written.
+      const orders = await t.db.query(
+        `SELECT order_number, status FROM orders WHERE client_id = 'alice' AND order_number LIKE 'DEMO-%' ORDER BY order_number`,
+      );
+      expect(orders.rows.map((r) => r.order_number.replace(/^DEMO-[a-z0-9]+-/, ''))).toEqual(['1', 'lost', 'storm']);
+      expect(orders.rows.map((r) => r.status)).toEqual(['refunded', 'paid', 'cancelled']);
+      const cancels = await t.db.query(
+        `SELECT count(*)::int AS n FROM order_events e JOIN orders o ON o.id = e.order_id WHERE o.order_number LIKE 'DEMO-%-storm' AND e.to_status = 'cancelled'`,
+      );
+      expect(cancels.rows[0].n).toBe(1);
+      const lost = await t.db.query(
+        `SELECT p.status FROM payments p JOIN orders o ON o.id = p.order_id WHERE o.order_number LIKE 'DEMO-%-lost'`,
+      );
+      expect(lost.rows).toEqual([{ status: 'succeeded' }]);
+    },
+    RUN_DEADLINE_MS + 10_000,
+  );
 
-  it('exits non-zero, naming the step, when an answer is not what the narration says', async () => {
-    const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: 'not-a-key-of-this-service' });
-    expect(code).toBe(1);
-    expect(output).toContain('✗ step 1: expected 201, got 401');
-  }, RUN_DEADLINE_MS + 10_000);
+  it(
+    'exits non-zero, naming the step, when an answer is not what the narration says',
+    async () => {
+      const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: 'not-a-key-of-this-service' });
+      expect(code).toBe(1);
+      expect(output).toContain('✗ step 1: expected 201, got 401');
+    },
+    RUN_DEADLINE_MS + 10_000,
+  );
 
-  it('skips the webhook step, saying why, when DEMO_URL is given without DEMO_WEBHOOK_SECRET', async () => {
-    const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: ALICE.secret });
-    expect(code).toBe(0);
-    expect(output).toContain('skipped: DEMO_WEBHOOK_SECRET is not set');
-  }, RUN_DEADLINE_MS + 10_000);
+  it(
+    'skips the webhook step, saying why, when DEMO_URL is given without DEMO_WEBHOOK_SECRET',
+    async () => {
+      const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: ALICE.secret });
+      expect(code).toBe(0);
+      expect(output).toContain('skipped: DEMO_WEBHOOK_SECRET is not set');
+    },
+    RUN_DEADLINE_MS + 10_000,
+  );
 });

@@ -21,7 +21,10 @@ const order = (overrides: Record<string, unknown> = {}) => ({
 
 /** Asserts an RFC 9457 problem with the given status, and that it carries nothing internal. */
 function expectProblem(res: request.Response, status: number): void {
-  expect({ status: res.status, contentType: res.headers['content-type'] }).toEqual({ status, contentType: expect.stringMatching(PROBLEM_JSON) });
+  expect({ status: res.status, contentType: res.headers['content-type'] }).toEqual({
+    status,
+    contentType: expect.stringMatching(PROBLEM_JSON),
+  });
   expect(res.body).toMatchObject({ type: expect.any(String), title: expect.any(String), status, detail: expect.any(String) });
   expect(res.body.type.length).toBeGreaterThan(0);
   expect(res.body.title.length).toBeGreaterThan(0);
@@ -82,7 +85,10 @@ describe('HTTP contract', () => {
     });
 
     it('a body with a __proto__ or constructor.prototype key is a 400 problem, and the prototype is untouched', async () => {
-      for (const body of ['{"__proto__": {"polluted": true}, "currency": "EUR", "items": []}', '{"constructor": {"prototype": {"polluted": true}}}']) {
+      for (const body of [
+        '{"__proto__": {"polluted": true}, "currency": "EUR", "items": []}',
+        '{"constructor": {"prototype": {"polluted": true}}}',
+      ]) {
         const res = await refused(() => post(body));
         expectProblem(res, 400);
         expect(res.body.detail).toMatch(/forbidden prototype property/);
@@ -145,7 +151,9 @@ describe('HTTP contract', () => {
     it('a URL the router cannot read, or a path parameter over its limit, is a problem with a request id', async () => {
       const badUrl = await request(t.url).get('/orders/%E0%A4%A').set('Authorization', bearer(ALICE));
       expectProblem(badUrl, 400);
-      const longId = await request(t.url).get(`/orders/${'a'.repeat(200)}`).set('Authorization', bearer(ALICE));
+      const longId = await request(t.url)
+        .get(`/orders/${'a'.repeat(200)}`)
+        .set('Authorization', bearer(ALICE));
       expectProblem(longId, 414);
       for (const res of [badUrl, longId]) expect(res.headers['x-request-id']).toEqual(expect.any(String));
     });
@@ -167,13 +175,22 @@ describe('HTTP contract', () => {
       ]);
       const parsed = answers.map((answer) => {
         const [head, body] = answer.split('\r\n\r\n');
-        return { statusLine: head.split('\r\n')[0], contentType: /content-type: (.*)/i.exec(head)?.[1], body: JSON.parse(body) as { status: number } };
+        return {
+          statusLine: head.split('\r\n')[0],
+          contentType: /content-type: (.*)/i.exec(head)?.[1],
+          body: JSON.parse(body) as { status: number },
+        };
       });
       expect(parsed.map((p) => p.statusLine)).toEqual(['HTTP/1.1 400 Bad Request', 'HTTP/1.1 431 Request Header Fields Too Large']);
       for (const p of parsed) expect(p.contentType).toMatch(PROBLEM_JSON);
       expect(parsed.map((p) => p.body)).toEqual([
         { type: 'about:blank', title: 'Bad Request', status: 400, detail: 'The request is not valid HTTP.' },
-        { type: 'about:blank', title: 'Request Header Fields Too Large', status: 431, detail: 'The request headers are larger than 16 KiB.' },
+        {
+          type: 'about:blank',
+          title: 'Request Header Fields Too Large',
+          status: 431,
+          detail: 'The request headers are larger than 16 KiB.',
+        },
       ]);
     });
 
@@ -242,13 +259,19 @@ describe('HTTP contract', () => {
     });
 
     it('an empty body on a JSON create is a 400', async () => {
-      const res = await refused(() => request(t.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()));
+      const res = await refused(() =>
+        request(t.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()),
+      );
       expectProblem(res, 400);
     });
 
     it('a 500 is a problem with no stack trace and no database message', async () => {
-      await t.db.query(`CREATE FUNCTION http_spec_boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'secret internal failure at table orders'; END $$`);
-      await t.db.query(`CREATE TRIGGER http_spec_boom BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = 'http-spec-boom') EXECUTE FUNCTION http_spec_boom()`);
+      await t.db.query(
+        `CREATE FUNCTION http_spec_boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'secret internal failure at table orders'; END $$`,
+      );
+      await t.db.query(
+        `CREATE TRIGGER http_spec_boom BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = 'http-spec-boom') EXECUTE FUNCTION http_spec_boom()`,
+      );
       try {
         const res = await refused(() => post(order({ note: 'http-spec-boom' })));
         expectProblem(res, 500);
@@ -292,7 +315,10 @@ describe('HTTP contract', () => {
     });
 
     it.each([
-      ['a 10 000-deep array in a field', `{"currency":"EUR","items":[{"sku":"D","quantity":1,"unitPriceMinor":1}],"note":${'['.repeat(10_000)}${']'.repeat(10_000)}}`],
+      [
+        'a 10 000-deep array in a field',
+        `{"currency":"EUR","items":[{"sku":"D","quantity":1,"unitPriceMinor":1}],"note":${'['.repeat(10_000)}${']'.repeat(10_000)}}`,
+      ],
       ['10 000-deep objects', `${'{"a":'.repeat(10_000)}1${'}'.repeat(10_000)}`],
       ['a 10 000-deep array as the body', `${'['.repeat(10_000)}${']'.repeat(10_000)}`],
       ['10 000-deep items', `{"currency":"EUR","items":${'['.repeat(10_000)}${']'.repeat(10_000)}}`],
@@ -309,7 +335,12 @@ describe('HTTP contract', () => {
       expect(created.status).toBe(201);
       const body = `{"note":${'['.repeat(10_000)}${']'.repeat(10_000)}}`;
       const res = await refused(() =>
-        request(t.url).patch(`/orders/${created.body.id}`).set('Authorization', bearer(ALICE)).set('If-Match', '"1"').set('Content-Type', 'application/json').send(body),
+        request(t.url)
+          .patch(`/orders/${created.body.id}`)
+          .set('Authorization', bearer(ALICE))
+          .set('If-Match', '"1"')
+          .set('Content-Type', 'application/json')
+          .send(body),
       );
       expect(res.status).toBeGreaterThanOrEqual(400);
       expect(res.status).toBeLessThan(500);
@@ -321,7 +352,10 @@ describe('HTTP contract', () => {
 
     it.each([
       ['a NUL in the note', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"note":"a\\u0000b"}'],
-      ['a NUL in the address (jsonb)', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"shippingAddress":{"name":"a\\u0000","line1":"b","city":"c","postalCode":"d","country":"FR"}}'],
+      [
+        'a NUL in the address (jsonb)',
+        '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"shippingAddress":{"name":"a\\u0000","line1":"b","city":"c","postalCode":"d","country":"FR"}}',
+      ],
       ['a lone surrogate in the note', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"note":"x\\ud800"}'],
       ['a lone surrogate in a key', '{"currency":"EUR","items":[{"sku":"N","quantity":1,"unitPriceMinor":1}],"\\udc00":1}'],
     ])('text PostgreSQL cannot store as sent (%s) is a 400, not a 500', async (_what, body) => {
@@ -378,7 +412,7 @@ describe('HTTP contract', () => {
 
     it.each([
       ['a wrong key', 'Bearer not-the-key-0123456789'],
-      ["a key with one character changed", `Bearer ${ALICE.secret.slice(0, -1)}X`],
+      ['a key with one character changed', `Bearer ${ALICE.secret.slice(0, -1)}X`],
       ['the dev key, which a run with API_KEYS must refuse', 'Bearer dev-secret-change-me'],
       ['the Basic scheme', `Basic ${Buffer.from(`${ALICE.clientId}:${ALICE.secret}`).toString('base64')}`],
       ['the bare key without a scheme', ALICE.secret],
@@ -404,7 +438,11 @@ describe('HTTP contract', () => {
       const none = await refused(() => request(t.url).post('/orders').set('Idempotency-Key', randomUUID()).send(order()));
       expectProblem(none, 401);
       const wrong = await refused(() =>
-        request(t.url).post('/orders').set('Authorization', 'Bearer wrong-key-0123456789').set('Idempotency-Key', randomUUID()).send(order()),
+        request(t.url)
+          .post('/orders')
+          .set('Authorization', 'Bearer wrong-key-0123456789')
+          .set('Idempotency-Key', randomUUID())
+          .send(order()),
       );
       expectProblem(wrong, 401);
     });
@@ -500,9 +538,14 @@ describe('HTTP contract', () => {
       // Optional each, as exactly one of the two is required (see submit-tokens.e2e-spec.ts).
       expect(create.parameters).toContainEqual(expect.objectContaining({ name: 'Idempotency-Key', in: 'header', required: false }));
       expect(create.parameters).toContainEqual(expect.objectContaining({ name: 'Submit-Token', in: 'header', required: false }));
-      expect(create.security).toEqual(expect.arrayContaining([expect.objectContaining({ [Object.keys(doc.components.securitySchemes)[0]]: [] })]));
+      expect(create.security).toEqual(
+        expect.arrayContaining([expect.objectContaining({ [Object.keys(doc.components.securitySchemes)[0]]: [] })]),
+      );
       for (const status of ['400', '401', '409', '422']) {
-        expect({ status, content: Object.keys(create.responses[status]?.content ?? {}) }).toEqual({ status, content: ['application/problem+json'] });
+        expect({ status, content: Object.keys(create.responses[status]?.content ?? {}) }).toEqual({
+          status,
+          content: ['application/problem+json'],
+        });
       }
       expect(doc.paths['/orders/{id}'].get.parameters).toContainEqual(expect.objectContaining({ name: 'id', in: 'path' }));
     });
@@ -527,11 +570,22 @@ describe('a busy connection pool', () => {
       await holder.query(`INSERT INTO orders (client_id, order_number, currency, total_minor) VALUES ('alice', 'BLOCK', 'EUR', 1)`);
       const blocked = Promise.all(
         [1, 2].map(() =>
-          request(t.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send(order({ orderNumber: 'BLOCK' })).then((r) => r),
+          request(t.url)
+            .post('/orders')
+            .set('Authorization', bearer(ALICE))
+            .set('Idempotency-Key', randomUUID())
+            .send(order({ orderNumber: 'BLOCK' }))
+            .then((r) => r),
         ),
       );
       const deadline = Date.now() + 5_000;
-      while ((await t.db.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)).rows[0].n < 2) {
+      while (
+        (
+          await t.db.query(
+            `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+          )
+        ).rows[0].n < 2
+      ) {
         if (Date.now() > deadline) throw new Error('the two creates never blocked');
       }
       const busy = await request(t.url).get('/orders').set('Authorization', bearer(ALICE));

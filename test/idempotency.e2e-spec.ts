@@ -77,7 +77,8 @@ describe('Idempotency-Key on POST /orders', () => {
   const post = (key: string | undefined, body: unknown, client = ALICE) => postOrder(t, key, body, client);
   const count = async (sql: string, params: unknown[] = []) => (await t.db.query(sql, params)).rows[0].n as number;
   const ordersWithNote = (note: string) => countOrdersWithNote(t, note);
-  const keyRows = (key: string) => t.db.query(`SELECT client_id, state, response_status FROM idempotency_keys WHERE key = $1 ORDER BY client_id`, [key]);
+  const keyRows = (key: string) =>
+    t.db.query(`SELECT client_id, state, response_status FROM idempotency_keys WHERE key = $1 ORDER BY client_id`, [key]);
   const metric = async (outcome: string) => {
     const text = (await request(t.url).get('/metrics')).text;
     const line = text.split('\n').find((l) => l.startsWith(`idempotency_requests_total{outcome="${outcome}"}`));
@@ -140,10 +141,18 @@ describe('Idempotency-Key on POST /orders', () => {
 
   it('fingerprints meaning, not spelling: reordered keys and whitespace replay', async () => {
     const key = randomUUID();
-    const first = await request(t.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key)
-      .set('Content-Type', 'application/json').send('{"currency":"EUR","note":"spelling","items":[{"sku":"S","quantity":1,"unitPriceMinor":1}]}');
-    const second = await request(t.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key)
-      .set('Content-Type', 'application/json').send('{ "items": [ {"unitPriceMinor": 1, "quantity": 1, "sku": "S"} ],\n "note": "spelling", "currency": "EUR" }');
+    const first = await request(t.url)
+      .post('/orders')
+      .set('Authorization', bearer(ALICE))
+      .set('Idempotency-Key', key)
+      .set('Content-Type', 'application/json')
+      .send('{"currency":"EUR","note":"spelling","items":[{"sku":"S","quantity":1,"unitPriceMinor":1}]}');
+    const second = await request(t.url)
+      .post('/orders')
+      .set('Authorization', bearer(ALICE))
+      .set('Idempotency-Key', key)
+      .set('Content-Type', 'application/json')
+      .send('{ "items": [ {"unitPriceMinor": 1, "quantity": 1, "sku": "S"} ],\n "note": "spelling", "currency": "EUR" }');
     expect(first.status).toBe(201);
     expect(second.status).toBe(201);
     expect(second.headers['idempotent-replayed']).toBe('true');
@@ -164,7 +173,10 @@ describe('Idempotency-Key on POST /orders', () => {
     const key = randomUUID();
     const created = await post(key, order({ note: 'other-endpoint' }));
     expect(created.status).toBe(201);
-    const cancel = await request(t.url).post(`/orders/${created.body.id}/cancel`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key);
+    const cancel = await request(t.url)
+      .post(`/orders/${created.body.id}/cancel`)
+      .set('Authorization', bearer(ALICE))
+      .set('Idempotency-Key', key);
     expect(cancel.status).toBe(422);
     expect(cancel.body.title).toBe('Idempotency-Key is already used');
     const { rows } = await t.db.query('SELECT status FROM orders WHERE id = $1', [created.body.id]);
@@ -174,7 +186,8 @@ describe('Idempotency-Key on POST /orders', () => {
   it('replays a transition made under a key, even after the order moved on', async () => {
     const created = await post(randomUUID(), order({ note: 'transition-key' }));
     const key = randomUUID();
-    const cancel = () => request(t.url).post(`/orders/${created.body.id}/cancel`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key);
+    const cancel = () =>
+      request(t.url).post(`/orders/${created.body.id}/cancel`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key);
     const first = await cancel();
     expect(first.status).toBe(200);
     expect(first.body.status).toBe('cancelled');
@@ -216,7 +229,9 @@ describe('Idempotency-Key on POST /orders', () => {
   it('a stored business 4xx keeps none of the writes the handler made before it failed (savepoint)', async () => {
     // A trigger writes a row on every attempted order insert, even one ON CONFLICT turns into a 409.
     await t.db.query(`CREATE TABLE probe_writes (note text)`);
-    await t.db.query(`CREATE FUNCTION probe_write() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO probe_writes VALUES (NEW.note); RETURN NEW; END $$`);
+    await t.db.query(
+      `CREATE FUNCTION probe_write() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO probe_writes VALUES (NEW.note); RETURN NEW; END $$`,
+    );
     await t.db.query(`CREATE TRIGGER probe_write BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION probe_write()`);
     try {
       const number = `PO-${randomUUID()}`;
@@ -300,7 +315,11 @@ describe('Idempotency-Key on POST /orders', () => {
       const key = randomUUID();
       const first = post(key, body).then((r) => r);
       await until(async () => (await count(LOCK_WAITERS)) === 1, 'the first request waits on the held order number');
-      const [{ pid }] = (await t.db.query(`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`)).rows;
+      const [{ pid }] = (
+        await t.db.query(
+          `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'idempotent-orders' AND wait_event_type = 'Lock'`,
+        )
+      ).rows;
       const duplicates = Promise.all(Array.from({ length: 4 }, () => post(key, body).then((r) => r)));
       await until(async () => (await waiting()) === 4, 'the 4 duplicates wait in memory');
       // The first request fails (its statement is cancelled): a 500, the key is free again.
@@ -419,12 +438,19 @@ describe('Idempotency-Key on POST /orders', () => {
 
   it('does not store a 5xx: the transaction rolls back and the key is free for the retry', async () => {
     await t.db.query(`CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'disk on fire'; END $$`);
-    await t.db.query(`CREATE TRIGGER fail_once BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = 'five-hundred') EXECUTE FUNCTION fail_once()`);
+    await t.db.query(
+      `CREATE TRIGGER fail_once BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.note = 'five-hundred') EXECUTE FUNCTION fail_once()`,
+    );
     const key = randomUUID();
     try {
       const failed = await post(key, order({ note: 'five-hundred' }));
       expect(failed.status).toBe(500);
-      expect(failed.body).toEqual({ type: 'about:blank', title: 'Internal Server Error', status: 500, detail: expect.stringContaining('X-Request-Id') });
+      expect(failed.body).toEqual({
+        type: 'about:blank',
+        title: 'Internal Server Error',
+        status: 500,
+        detail: expect.stringContaining('X-Request-Id'),
+      });
       expect(failed.text).not.toContain('disk on fire');
       expect((await keyRows(key)).rows).toEqual([]);
     } finally {
@@ -457,9 +483,14 @@ describe('Idempotency-Key on POST /orders', () => {
   });
 
   it('an error response never carries the Location or ETag of a write that was rolled back (record or commit failed)', async () => {
-    // Recording the response (the key row's insert, or its update after a take-over) fails for one key, and the commit fails for another (a deferred check).
-    await t.db.query(`CREATE FUNCTION refuse_key() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused %', NEW.key; END $$`);
-    await t.db.query(`CREATE TRIGGER refuse_record BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH ROW WHEN (NEW.key LIKE 'fail-record-%' AND NEW.state = 'completed') EXECUTE FUNCTION refuse_key()`);
+    // Recording the response (the key row's insert, or its update after a take-over) fails for one key, and the commit fails for another (a
+    // deferred check).
+    await t.db.query(
+      `CREATE FUNCTION refuse_key() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused %', NEW.key; END $$`,
+    );
+    await t.db.query(
+      `CREATE TRIGGER refuse_record BEFORE INSERT OR UPDATE ON idempotency_keys FOR EACH ROW WHEN (NEW.key LIKE 'fail-record-%' AND NEW.state = 'completed') EXECUTE FUNCTION refuse_key()`,
+    );
     await t.db.query(
       `CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT OR UPDATE ON idempotency_keys DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.key LIKE 'fail-commit-%') EXECUTE FUNCTION refuse_key()`,
     );
@@ -474,7 +505,9 @@ describe('Idempotency-Key on POST /orders', () => {
         expect((await keyRows(key)).rows).toEqual([]);
       }
     } finally {
-      await t.db.query('DROP TRIGGER refuse_record ON idempotency_keys; DROP TRIGGER refuse_commit ON idempotency_keys; DROP FUNCTION refuse_key()');
+      await t.db.query(
+        'DROP TRIGGER refuse_record ON idempotency_keys; DROP TRIGGER refuse_commit ON idempotency_keys; DROP FUNCTION refuse_key()',
+      );
     }
   });
 
@@ -484,8 +517,28 @@ describe('Idempotency-Key on POST /orders', () => {
                                      response_status, response_headers, response_body, completed_at, expires_at)
        VALUES ('alice', $1, $2, 'POST', '/orders', $3, $4, $5, $6, $7, $8, $9, ${expiresAt})`,
       state === 'completed'
-        ? [key, fingerprintRequest('POST', '/orders', body), state, 'started', null, 201, { 'content-type': 'application/json; charset=utf-8' }, '{"old":true}', new Date()]
-        : [key, fingerprintRequest('POST', '/orders', body), state, 'provider_called', new Date(Date.now() + 60_000), null, null, null, null],
+        ? [
+            key,
+            fingerprintRequest('POST', '/orders', body),
+            state,
+            'started',
+            null,
+            201,
+            { 'content-type': 'application/json; charset=utf-8' },
+            '{"old":true}',
+            new Date(),
+          ]
+        : [
+            key,
+            fingerprintRequest('POST', '/orders', body),
+            state,
+            'provider_called',
+            new Date(Date.now() + 60_000),
+            null,
+            null,
+            null,
+            null,
+          ],
     );
   const fullKeyRow = async (key: string) => (await t.db.query(`SELECT * FROM idempotency_keys WHERE key = $1`, [key])).rows;
 
@@ -508,7 +561,9 @@ describe('Idempotency-Key on POST /orders', () => {
   it('a key that keeps changing hands during one claim is a 409 + Retry-After, never a 500', async () => {
     // Every take-over of this key matches nothing, as when other requests keep taking it first.
     await t.db.query(`CREATE FUNCTION skip_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`);
-    await t.db.query(`CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW WHEN (OLD.key LIKE 'contended-%') EXECUTE FUNCTION skip_update()`);
+    await t.db.query(
+      `CREATE TRIGGER skip_update BEFORE UPDATE ON idempotency_keys FOR EACH ROW WHEN (OLD.key LIKE 'contended-%') EXECUTE FUNCTION skip_update()`,
+    );
     try {
       const key = `contended-${randomUUID()}`;
       const body = order({ note: 'contended' });
@@ -536,7 +591,12 @@ describe('Idempotency-Key on POST /orders', () => {
       const a = post(key, body).then((r) => r);
       await until(async () => (await count(LOCK_WAITERS)) === 1, 'the first take-over runs the handler');
       // ... B, on the other instance, tries to take it over too and waits on A's row lock.
-      const b = request(secondUrl).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(body).then((r) => r);
+      const b = request(secondUrl)
+        .post('/orders')
+        .set('Authorization', bearer(ALICE))
+        .set('Idempotency-Key', key)
+        .send(body)
+        .then((r) => r);
       await until(async () => (await count(LOCK_WAITERS)) === 2, 'the second take-over waits on the key row');
       // The key is expired as far as a reaper can see, but taken: SKIP LOCKED leaves it alone.
       await t.app.get(IdempotencyKeyReaper).reapExpiredKeys();
@@ -636,7 +696,8 @@ describe('Idempotency-Key: replayed headers and the bound on waiting (test-only 
     await db?.end();
     await database?.drop();
   });
-  const call = (path: string, key: string, body: object = {}) => request(url).post(path).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(body);
+  const call = (path: string, key: string, body: object = {}) =>
+    request(url).post(path).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(body);
 
   it('never replays Set-Cookie: the handler set one, the replay carries only the stored headers', async () => {
     const key = randomUUID();
@@ -679,7 +740,7 @@ describe('Idempotency-Key: replayed headers and the bound on waiting (test-only 
     }
   });
 
-  it('a duplicate waiting on another instance\'s key in flight gets 409 + Retry-After at IDEMPOTENCY_WAIT_MS, and nothing runs', async () => {
+  it("a duplicate waiting on another instance's key in flight gets 409 + Retry-After at IDEMPOTENCY_WAIT_MS, and nothing runs", async () => {
     const key = randomUUID();
     const body = { currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 1000 }], note: 'outstanding' };
     const holder = await openHolder(database.url);
@@ -744,7 +805,8 @@ describe('Idempotency-Key: replays answered from memory (ReplayCache, IDEMPOTENC
     expect((await post(key, order({ note: 'cached-ttl-1' }))).status).toBe(201);
     expect((await post(key, order({ note: 'cached-ttl-1' }))).headers['idempotent-replayed']).toBe('true');
     await until(
-      async () => (await t.db.query(`SELECT expires_at <= now() AS expired FROM idempotency_keys WHERE key = $1`, [key])).rows[0].expired === true,
+      async () =>
+        (await t.db.query(`SELECT expires_at <= now() AS expired FROM idempotency_keys WHERE key = $1`, [key])).rows[0].expired === true,
       'the key has expired in the database',
     );
     const reused = await post(key, order({ note: 'cached-ttl-2' }));

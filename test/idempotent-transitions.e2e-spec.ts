@@ -29,10 +29,17 @@ describe('Idempotency-Key on order transitions', () => {
     );
     return rows[0].id;
   }
-  const ship = (id: string, key: string) => request(t.url).post(`/orders/${id}/ship`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key);
-  const keyRows = async (key: string) => (await t.db.query(`SELECT state, response_status FROM idempotency_keys WHERE key = $1`, [key])).rows;
+  const ship = (id: string, key: string) =>
+    request(t.url).post(`/orders/${id}/ship`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key);
+  const keyRows = async (key: string) =>
+    (await t.db.query(`SELECT state, response_status FROM idempotency_keys WHERE key = $1`, [key])).rows;
   const orderRow = async (id: string) =>
-    (await t.db.query(`SELECT status, version, (SELECT count(*)::int FROM order_events WHERE order_id = $1) AS events FROM orders WHERE id = $1`, [id])).rows[0];
+    (
+      await t.db.query(
+        `SELECT status, version, (SELECT count(*)::int FROM order_events WHERE order_id = $1) AS events FROM orders WHERE id = $1`,
+        [id],
+      )
+    ).rows[0];
 
   it('stores a refused transition (409 invalid-transition) and replays it with the same Content-Type and ETag', async () => {
     const id = await insertOrder('created');

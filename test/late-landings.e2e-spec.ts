@@ -24,7 +24,15 @@ interface World {
   close(): Promise<void>;
 }
 
-async function startWorld({ webhooks, reconciler, maxLatencyMs }: { webhooks: boolean; reconciler: boolean; maxLatencyMs: number }): Promise<World> {
+async function startWorld({
+  webhooks,
+  reconciler,
+  maxLatencyMs,
+}: {
+  webhooks: boolean;
+  reconciler: boolean;
+  maxLatencyMs: number;
+}): Promise<World> {
   const path = new LatePath();
   const pathUrl = await path.start();
   let t: TestApp | undefined;
@@ -74,8 +82,13 @@ async function createOrder(w: World): Promise<string> {
 }
 
 const pay = (w: World, orderId: string, key: string) =>
-  request(w.t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send({ source: 'tok_visa' });
-const refund = (w: World, paymentId: string, key: string) => request(w.t.url).post(`/payments/${paymentId}/refunds`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send({});
+  request(w.t.url)
+    .post(`/orders/${orderId}/payments`)
+    .set('Authorization', bearer(ALICE))
+    .set('Idempotency-Key', key)
+    .send({ source: 'tok_visa' });
+const refund = (w: World, paymentId: string, key: string) =>
+  request(w.t.url).post(`/payments/${paymentId}/refunds`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send({});
 const cancel = (w: World, orderId: string) => request(w.t.url).post(`/orders/${orderId}/cancel`).set('Authorization', bearer(ALICE));
 
 /** A client that keeps asking while told to come back (503, or a 409 with Retry-After), as Retry-After says, until a final answer. */
@@ -173,48 +186,51 @@ describe.each([
   { webhooks: false, reconciler: true },
   { webhooks: false, reconciler: false },
   { webhooks: true, reconciler: false },
-])('a charge or refund that lands late, within PSP_MAX_LATENCY_MS (webhooks $webhooks, reconciler $reconciler)', ({ webhooks, reconciler }) => {
-  let w: World;
-  beforeAll(async () => {
-    w = await startWorld({ webhooks, reconciler, maxLatencyMs: LATE_MS + 2_000 });
-  });
-  afterAll(async () => {
-    await w?.close();
-  });
+])(
+  'a charge or refund that lands late, within PSP_MAX_LATENCY_MS (webhooks $webhooks, reconciler $reconciler)',
+  ({ webhooks, reconciler }) => {
+    let w: World;
+    beforeAll(async () => {
+      w = await startWorld({ webhooks, reconciler, maxLatencyMs: LATE_MS + 2_000 });
+    });
+    afterAll(async () => {
+      await w?.close();
+    });
 
-  it('pay with K1 → 503, at once again with K2: K2 is told to wait, never charged; the late charge pays the order once', async () => {
-    const orderId = await createOrder(w);
-    const first = await payLate(w, orderId);
-    const second = await pay(w, orderId, randomUUID());
-    // The old answer was 201 with a second charge: the first was declared never reached while still on its way.
-    expect(second.status).toBe(409);
-    expect(second.body).toMatchObject({ type: PROBLEM('payment-in-progress'), paymentId: first.paymentId });
-    const final = await untilFinal(() => pay(w, orderId, randomUUID()));
-    expect(final.status).toBe(409);
-    expect(final.body).toMatchObject({ type: PROBLEM('order-not-payable'), currentStatus: 'paid' });
-    expect(await expectLedgerMatchesBooks(w, orderId)).toEqual({ net: ORDER_TOTAL, status: 'paid', paidEvents: 1 });
-    expect((await providerMoney(w.sandbox.url, orderId)).charges).toBe(1);
-  });
+    it('pay with K1 → 503, at once again with K2: K2 is told to wait, never charged; the late charge pays the order once', async () => {
+      const orderId = await createOrder(w);
+      const first = await payLate(w, orderId);
+      const second = await pay(w, orderId, randomUUID());
+      // The old answer was 201 with a second charge: the first was declared never reached while still on its way.
+      expect(second.status).toBe(409);
+      expect(second.body).toMatchObject({ type: PROBLEM('payment-in-progress'), paymentId: first.paymentId });
+      const final = await untilFinal(() => pay(w, orderId, randomUUID()));
+      expect(final.status).toBe(409);
+      expect(final.body).toMatchObject({ type: PROBLEM('order-not-payable'), currentStatus: 'paid' });
+      expect(await expectLedgerMatchesBooks(w, orderId)).toEqual({ net: ORDER_TOTAL, status: 'paid', paidEvents: 1 });
+      expect((await providerMoney(w.sandbox.url, orderId)).charges).toBe(1);
+    });
 
-  it('pay with K1 → 503, then (only) the settling the service does itself: the late charge is booked, the order paid', async () => {
-    const orderId = await createOrder(w);
-    const first = await payLate(w, orderId);
-    // With neither reconciler nor webhooks, only the client's own retry can settle it: it resumes under the same outbound key.
-    if (!reconciler && !webhooks) expect((await untilFinal(() => pay(w, orderId, first.key))).status).toBe(201);
-    expect(await expectLedgerMatchesBooks(w, orderId)).toEqual({ net: ORDER_TOTAL, status: 'paid', paidEvents: 1 });
-    const replay = await pay(w, orderId, first.key);
-    expect(replay.status).toBe(201);
-    expect(replay.body).toMatchObject({ id: first.paymentId, status: 'succeeded' });
-  });
+    it('pay with K1 → 503, then (only) the settling the service does itself: the late charge is booked, the order paid', async () => {
+      const orderId = await createOrder(w);
+      const first = await payLate(w, orderId);
+      // With neither reconciler nor webhooks, only the client's own retry can settle it: it resumes under the same outbound key.
+      if (!reconciler && !webhooks) expect((await untilFinal(() => pay(w, orderId, first.key))).status).toBe(201);
+      expect(await expectLedgerMatchesBooks(w, orderId)).toEqual({ net: ORDER_TOTAL, status: 'paid', paidEvents: 1 });
+      const replay = await pay(w, orderId, first.key);
+      expect(replay.status).toBe(201);
+      expect(replay.body).toMatchObject({ id: first.paymentId, status: 'succeeded' });
+    });
 
-  it("a cancelled order's refund → 503, then nothing more from the client: the late refund is booked and the order refunded", async () => {
-    const { orderId, paymentId, key } = await refundLate(w);
-    if (!reconciler && !webhooks) expect((await untilFinal(() => refund(w, paymentId, key))).status).toBe(201);
-    expect(await expectLedgerMatchesBooks(w, orderId)).toMatchObject({ net: 0, status: 'refunded' });
-    const { rows } = await w.t.db.query(`SELECT refunded_minor FROM payments WHERE id = $1`, [paymentId]);
-    expect(Number(rows[0].refunded_minor)).toBe(ORDER_TOTAL);
-  });
-});
+    it("a cancelled order's refund → 503, then nothing more from the client: the late refund is booked and the order refunded", async () => {
+      const { orderId, paymentId, key } = await refundLate(w);
+      if (!reconciler && !webhooks) expect((await untilFinal(() => refund(w, paymentId, key))).status).toBe(201);
+      expect(await expectLedgerMatchesBooks(w, orderId)).toMatchObject({ net: 0, status: 'refunded' });
+      const { rows } = await w.t.db.query(`SELECT refunded_minor FROM payments WHERE id = $1`, [paymentId]);
+      expect(Number(rows[0].refunded_minor)).toBe(ORDER_TOTAL);
+    });
+  },
+);
 
 describe.each([
   { webhooks: false, reconciler: true },
@@ -231,7 +247,10 @@ describe.each([
   /** Makes the sweep's next look due now, instead of a minute after the row was failed. */
   const recheckNow = async (id: string) => {
     // Failing it as never reached put it on the sweep's list; only the minute's wait is skipped here.
-    const { rowCount } = await w.t.db.query(`UPDATE provider_attempts SET recheck_at = now() WHERE subject_id = $1 AND recheck_at IS NOT NULL`, [id]);
+    const { rowCount } = await w.t.db.query(
+      `UPDATE provider_attempts SET recheck_at = now() WHERE subject_id = $1 AND recheck_at IS NOT NULL`,
+      [id],
+    );
     expect(rowCount).toBe(1);
   };
 
@@ -257,7 +276,9 @@ describe.each([
     });
     expect(await expectLedgerMatchesBooks(w, orderId)).toEqual({ net: ORDER_TOTAL, status: 'paid', paidEvents: 1 });
     expect((await providerMoney(w.sandbox.url, orderId)).charges).toBe(2);
-    expect(await metric(w, new RegExp(`^payments_late_landings_total\\{kind="charge",found_by="${webhooks ? 'webhook' : 'sweep'}"\\}`))).toBeGreaterThan(before);
+    expect(
+      await metric(w, new RegExp(`^payments_late_landings_total\\{kind="charge",found_by="${webhooks ? 'webhook' : 'sweep'}"\\}`)),
+    ).toBeGreaterThan(before);
   });
 
   it('a refund failed as never reached that lands later: applied to refundedMinor, the order refunded', async () => {

@@ -98,7 +98,11 @@ async function createOrder(url: string): Promise<string> {
 }
 
 const pay = (url: string, orderId: string, key: string) =>
-  request(url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send({ source: 'tok_visa' });
+  request(url)
+    .post(`/orders/${orderId}/payments`)
+    .set('Authorization', bearer(ALICE))
+    .set('Idempotency-Key', key)
+    .send({ source: 'tok_visa' });
 
 /** Polls until `check` returns a value, or fails after the deadline naming `what`. */
 async function until<T>(what: string, check: () => Promise<T | undefined>, deadlineMs = DEADLINE_MS): Promise<T> {
@@ -172,102 +176,124 @@ describe('a provider outage: the reconciler neither spins nor stalls', () => {
     await w?.close();
   });
 
-  it('25 pays pending with the provider down: bounded writes and log lines, the sweep runs, SIGTERM exits in time; the provider back, all settle', async () => {
-    const PAYS = 25;
-    const MEASURE_MS = 8_000;
-    const orders = await Promise.all(Array.from({ length: PAYS }, () => createOrder(w.service.url)));
-    w.path.down = true;
-    const answers = await Promise.all(orders.map((orderId) => pay(w.service.url, orderId, randomUUID())));
-    for (const res of answers) {
-      expect(res.status).toBe(503);
-      expect(res.body.type).toBe(PROBLEM('payment-pending'));
-    }
-    const { rows: pending } = await w.db.query(`SELECT count(*)::int AS n FROM payments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [orders]);
-    expect(pending[0].n).toBe(PAYS);
-    // A row due on the sweep's list: it is asked about (its recheck_at moves on) only if the run reaches the sweep.
-    const swept = randomUUID();
-    await w.db.query(
-      `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at) VALUES ($1, 'payment', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 second')`,
-      [swept],
-    );
-    // A row at its last look (failed longer ago than PSP_KEY_RETENTION_HOURS): a look that cannot be made keeps it on the list.
-    const lastLook = await createOrder(w.service.url);
-    const { paymentId: lastLookId } = await paymentFailedTheOldWay(w, lastLook);
-    await w.db.query(
-      `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at) VALUES ($1, 'payment', now() - interval '25 hours', now() - interval '25 hours', now() - interval '1 second')`,
-      [lastLookId],
-    );
-    await until('the reconciler to find the provider away', () => Promise.resolve(w.service.output().includes('the provider could not be asked') ? true : undefined));
-    await until('the sweep to run during the outage', async () => {
-      const { rows } = await w.db.query(`SELECT recheck_at > now() AS moved FROM provider_attempts WHERE subject_id = $1`, [swept]);
-      return rows[0].moved ? true : undefined;
-    });
+  it(
+    '25 pays pending with the provider down: bounded writes and log lines, the sweep runs, SIGTERM exits in time; the provider back, all settle',
+    async () => {
+      const PAYS = 25;
+      const MEASURE_MS = 8_000;
+      const orders = await Promise.all(Array.from({ length: PAYS }, () => createOrder(w.service.url)));
+      w.path.down = true;
+      const answers = await Promise.all(orders.map((orderId) => pay(w.service.url, orderId, randomUUID())));
+      for (const res of answers) {
+        expect(res.status).toBe(503);
+        expect(res.body.type).toBe(PROBLEM('payment-pending'));
+      }
+      const { rows: pending } = await w.db.query(
+        `SELECT count(*)::int AS n FROM payments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`,
+        [orders],
+      );
+      expect(pending[0].n).toBe(PAYS);
+      // A row due on the sweep's list: it is asked about (its recheck_at moves on) only if the run reaches the sweep.
+      const swept = randomUUID();
+      await w.db.query(
+        `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at) VALUES ($1, 'payment', now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 second')`,
+        [swept],
+      );
+      // A row at its last look (failed longer ago than PSP_KEY_RETENTION_HOURS): a look that cannot be made keeps it on the list.
+      const lastLook = await createOrder(w.service.url);
+      const { paymentId: lastLookId } = await paymentFailedTheOldWay(w, lastLook);
+      await w.db.query(
+        `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at) VALUES ($1, 'payment', now() - interval '25 hours', now() - interval '25 hours', now() - interval '1 second')`,
+        [lastLookId],
+      );
+      await until('the reconciler to find the provider away', () =>
+        Promise.resolve(w.service.output().includes('the provider could not be asked') ? true : undefined),
+      );
+      await until('the sweep to run during the outage', async () => {
+        const { rows } = await w.db.query(`SELECT recheck_at > now() AS moved FROM provider_attempts WHERE subject_id = $1`, [swept]);
+        return rows[0].moved ? true : undefined;
+      });
 
-    await until('the last look to be claimed by the sweep', async () => {
-      const { rows } = await w.db.query(`SELECT recheck_at > now() AS moved FROM provider_attempts WHERE subject_id = $1`, [lastLookId]);
-      return rows[0].moved ? true : undefined;
-    });
+      await until('the last look to be claimed by the sweep', async () => {
+        const { rows } = await w.db.query(`SELECT recheck_at > now() AS moved FROM provider_attempts WHERE subject_id = $1`, [lastLookId]);
+        return rows[0].moved ? true : undefined;
+      });
 
-    // The idle service, the provider away, a run every 500 ms: what it writes and logs per second stays small (measured
-    // here ~14 transactions, most of them the sweep's claim of due rows, and ~1.3 lines a second; the loop it replaces
-    // made ~1,100 transactions and ~500 warn lines a second).
-    const commitsBefore = await commits(w);
-    const linesBefore = lines(w.service.output()).length;
-    const started = Date.now();
-    await sleep(MEASURE_MS); // a measurement window, not a synchronisation
-    const seconds = (Date.now() - started) / 1000;
-    const commitsPerSecond = ((await commits(w)) - commitsBefore) / seconds;
-    const linesPerSecond = (lines(w.service.output()).length - linesBefore) / seconds;
-    expect(commitsPerSecond).toBeLessThan(25);
-    expect(linesPerSecond).toBeLessThan(3);
-    // Every pay was an expected 503: none of them is logged as an error, none with a stack.
-    const logged = lines(w.service.output());
-    expect(logged.filter((l) => l.includes('payment-pending')).length).toBeGreaterThan(0);
-    expect(logged.filter((l) => l.includes('unhandled error') || (l.includes('payment-pending') && (l.includes('"level":50') || l.includes('"stack"'))))).toEqual([]);
+      // The idle service, the provider away, a run every 500 ms: what it writes and logs per second stays small (measured
+      // here ~14 transactions, most of them the sweep's claim of due rows, and ~1.3 lines a second; the loop it replaces
+      // made ~1,100 transactions and ~500 warn lines a second).
+      const commitsBefore = await commits(w);
+      const linesBefore = lines(w.service.output()).length;
+      const started = Date.now();
+      await sleep(MEASURE_MS); // a measurement window, not a synchronisation
+      const seconds = (Date.now() - started) / 1000;
+      const commitsPerSecond = ((await commits(w)) - commitsBefore) / seconds;
+      const linesPerSecond = (lines(w.service.output()).length - linesBefore) / seconds;
+      expect(commitsPerSecond).toBeLessThan(25);
+      expect(linesPerSecond).toBeLessThan(3);
+      // Every pay was an expected 503: none of them is logged as an error, none with a stack.
+      const logged = lines(w.service.output());
+      expect(logged.filter((l) => l.includes('payment-pending')).length).toBeGreaterThan(0);
+      expect(
+        logged.filter(
+          (l) => l.includes('unhandled error') || (l.includes('payment-pending') && (l.includes('"level":50') || l.includes('"stack"'))),
+        ),
+      ).toEqual([]);
 
-    const stopStarted = Date.now();
-    expect(await w.service.kill('SIGTERM')).toBe(0);
-    expect(Date.now() - stopStarted).toBeLessThan(DRAIN_BOUND_MS / 2);
+      const stopStarted = Date.now();
+      expect(await w.service.kill('SIGTERM')).toBe(0);
+      expect(Date.now() - stopStarted).toBeLessThan(DRAIN_BOUND_MS / 2);
 
-    // The provider back, a new instance on the same database settles every payment (none reached the provider: failed).
-    w.path.down = false;
-    live = await w.startService();
-    await until(
-      'every payment of the outage to settle',
-      async () => {
-        const { rows } = await w.db.query(`SELECT count(*)::int AS n FROM payments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [orders]);
-        return rows[0].n === 0 ? true : undefined;
-      },
-      150_000,
-    );
-    // The last look, unanswered in the outage, was asked again once the provider was back; answered (nothing there), it ends.
-    await until('the last look to be answered', async () => {
-      const { rows } = await w.db.query(`SELECT recheck_at FROM provider_attempts WHERE subject_id = $1`, [lastLookId]);
-      return rows[0].recheck_at === null ? true : undefined;
-    });
-    const { rows: keys } = await w.db.query(
-      `SELECT count(*)::int AS n FROM idempotency_keys k JOIN payments p ON p.idempotency_key_id = k.id WHERE p.order_id = ANY($1::uuid[]) AND k.state = 'completed'`,
-      [orders],
-    );
-    expect(keys[0].n).toBe(PAYS);
-    for (const orderId of orders.slice(0, 3)) expect((await providerMoney(w.sandbox.url, orderId)).net).toBe(await booksNet(w, orderId));
-  }, PROCESS_TEST_TIMEOUT_MS);
+      // The provider back, a new instance on the same database settles every payment (none reached the provider: failed).
+      w.path.down = false;
+      live = await w.startService();
+      await until(
+        'every payment of the outage to settle',
+        async () => {
+          const { rows } = await w.db.query(
+            `SELECT count(*)::int AS n FROM payments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`,
+            [orders],
+          );
+          return rows[0].n === 0 ? true : undefined;
+        },
+        150_000,
+      );
+      // The last look, unanswered in the outage, was asked again once the provider was back; answered (nothing there), it ends.
+      await until('the last look to be answered', async () => {
+        const { rows } = await w.db.query(`SELECT recheck_at FROM provider_attempts WHERE subject_id = $1`, [lastLookId]);
+        return rows[0].recheck_at === null ? true : undefined;
+      });
+      const { rows: keys } = await w.db.query(
+        `SELECT count(*)::int AS n FROM idempotency_keys k JOIN payments p ON p.idempotency_key_id = k.id WHERE p.order_id = ANY($1::uuid[]) AND k.state = 'completed'`,
+        [orders],
+      );
+      expect(keys[0].n).toBe(PAYS);
+      for (const orderId of orders.slice(0, 3)) expect((await providerMoney(w.sandbox.url, orderId)).net).toBe(await booksNet(w, orderId));
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 
-  it('a payment an older build failed as never reached (no provider_attempts row) whose charge lands later: found by the sweep and refunded', async () => {
-    w.path.down = false;
-    live ??= await w.startService();
-    const orderId = await createOrder(live.url);
-    const { paymentId, chargeId } = await paymentFailedTheOldWayWithALateCharge(w, orderId);
-    const refunded = await until('the late charge to be refunded', async () => {
-      const { rows } = await w.db.query(`SELECT status, charge_id FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
-      return rows[0]?.status === 'succeeded' ? rows[0] : undefined;
-    });
-    expect(refunded.charge_id).toBe(chargeId);
-    const { rows } = await w.db.query(`SELECT unreached_at IS NOT NULL AS adopted FROM provider_attempts WHERE subject_id = $1`, [paymentId]);
-    expect(rows).toEqual([{ adopted: true }]);
-    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 1 });
-    expect(await booksNet(w, orderId)).toBe(0);
-  }, PROCESS_TEST_TIMEOUT_MS);
+  it(
+    'a payment an older build failed as never reached (no provider_attempts row) whose charge lands later: found by the sweep and refunded',
+    async () => {
+      w.path.down = false;
+      live ??= await w.startService();
+      const orderId = await createOrder(live.url);
+      const { paymentId, chargeId } = await paymentFailedTheOldWayWithALateCharge(w, orderId);
+      const refunded = await until('the late charge to be refunded', async () => {
+        const { rows } = await w.db.query(`SELECT status, charge_id FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
+        return rows[0]?.status === 'succeeded' ? rows[0] : undefined;
+      });
+      expect(refunded.charge_id).toBe(chargeId);
+      const { rows } = await w.db.query(`SELECT unreached_at IS NOT NULL AS adopted FROM provider_attempts WHERE subject_id = $1`, [
+        paymentId,
+      ]);
+      expect(rows).toEqual([{ adopted: true }]);
+      expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 1 });
+      expect(await booksNet(w, orderId)).toBe(0);
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 });
 
 describe('RECONCILE_INTERVAL_MS=0: a late charge is refunded on the refunder own schedule', () => {
@@ -279,26 +305,30 @@ describe('RECONCILE_INTERVAL_MS=0: a late charge is refunded on the refunder own
     await w?.close();
   });
 
-  it('the webhook finds the late charge, the first refund attempt times out: retried until refunded, the ledger equal to the books', async () => {
-    const orderId = await createOrder(w.service.url);
-    // Every attempt of the first refund call is lost on the way (each times out): its outcome is unknown.
-    w.path.script('/psp/refunds', [{ kind: 'lose' }, { kind: 'lose' }, { kind: 'lose' }]);
-    const { paymentId } = await paymentFailedTheOldWayWithALateCharge(w, orderId);
-    const pendingAfterFirst = await until('the first refund attempt to end unknown', async () => {
-      const { rows } = await w.db.query(`SELECT status, attempts FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
-      return rows[0]?.attempts >= 1 && w.service.output().includes('late charge refund outcome unknown') ? rows[0] : undefined;
-    });
-    expect(pendingAfterFirst.status).toBe('pending');
-    expect(await metric(w.service.url, /^payments_late_charge_refunds_pending\{state="retrying"\}/)).toBe(1);
-    const done = await until('the late charge to be refunded', async () => {
-      const { rows } = await w.db.query(`SELECT status, attempts FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
-      return rows[0]?.status === 'succeeded' ? rows[0] : undefined;
-    });
-    expect(done.attempts).toBeGreaterThanOrEqual(2);
-    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 1 });
-    expect(await booksNet(w, orderId)).toBe(0);
-    expect(await metric(w.service.url, /^payments_late_charge_refunds_pending\{state="retrying"\}/)).toBe(0);
-  }, PROCESS_TEST_TIMEOUT_MS);
+  it(
+    'the webhook finds the late charge, the first refund attempt times out: retried until refunded, the ledger equal to the books',
+    async () => {
+      const orderId = await createOrder(w.service.url);
+      // Every attempt of the first refund call is lost on the way (each times out): its outcome is unknown.
+      w.path.script('/psp/refunds', [{ kind: 'lose' }, { kind: 'lose' }, { kind: 'lose' }]);
+      const { paymentId } = await paymentFailedTheOldWayWithALateCharge(w, orderId);
+      const pendingAfterFirst = await until('the first refund attempt to end unknown', async () => {
+        const { rows } = await w.db.query(`SELECT status, attempts FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
+        return rows[0]?.attempts >= 1 && w.service.output().includes('late charge refund outcome unknown') ? rows[0] : undefined;
+      });
+      expect(pendingAfterFirst.status).toBe('pending');
+      expect(await metric(w.service.url, /^payments_late_charge_refunds_pending\{state="retrying"\}/)).toBe(1);
+      const done = await until('the late charge to be refunded', async () => {
+        const { rows } = await w.db.query(`SELECT status, attempts FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
+        return rows[0]?.status === 'succeeded' ? rows[0] : undefined;
+      });
+      expect(done.attempts).toBeGreaterThanOrEqual(2);
+      expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 1 });
+      expect(await booksNet(w, orderId)).toBe(0);
+      expect(await metric(w.service.url, /^payments_late_charge_refunds_pending\{state="retrying"\}/)).toBe(0);
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 });
 
 describe('a 4xx after an attempt that may still land is not final', () => {
@@ -321,68 +351,87 @@ describe('a 4xx after an attempt that may still land is not final', () => {
       )
     ).rows[0];
 
-  it('a timeout, then a 422 on the retry, nothing landed: pending until the landing window closes, then failed by lookups', async () => {
-    const orderId = await createOrder(w.service.url);
-    w.path.script('/psp/charges', [{ kind: 'lose' }, { kind: 'answer', status: 422 }]);
-    const res = await pay(w.service.url, orderId, randomUUID());
-    // Before: 402 payment-declined provider_refused at once, though the first attempt might have been charged.
-    expect(res.status).toBe(503);
-    expect(res.body.type).toBe(PROBLEM('payment-pending'));
-    const paymentId = res.body.paymentId as string;
-    expect((await paymentOf(paymentId)).status).toBe('pending');
-    const decided = await until('the payment to be decided', async () => {
-      const p = await paymentOf(paymentId);
-      return p.status !== 'pending' ? p : undefined;
-    });
-    expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable' });
-    expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
-    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 0 });
-  }, PROCESS_TEST_TIMEOUT_MS);
+  it(
+    'a timeout, then a 422 on the retry, nothing landed: pending until the landing window closes, then failed by lookups',
+    async () => {
+      const orderId = await createOrder(w.service.url);
+      w.path.script('/psp/charges', [{ kind: 'lose' }, { kind: 'answer', status: 422 }]);
+      const res = await pay(w.service.url, orderId, randomUUID());
+      // Before: 402 payment-declined provider_refused at once, though the first attempt might have been charged.
+      expect(res.status).toBe(503);
+      expect(res.body.type).toBe(PROBLEM('payment-pending'));
+      const paymentId = res.body.paymentId as string;
+      expect((await paymentOf(paymentId)).status).toBe('pending');
+      const decided = await until('the payment to be decided', async () => {
+        const p = await paymentOf(paymentId);
+        return p.status !== 'pending' ? p : undefined;
+      });
+      expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable' });
+      expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
+      expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: 0, charges: 0 });
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 
-  it('a refund: a timeout, then a 422: pending with its amount still reserved until the window closes, then failed by lookups and given back', async () => {
-    const orderId = await createOrder(w.service.url);
-    const paid = await pay(w.service.url, orderId, randomUUID());
-    expect(paid.status).toBe(201);
-    expect((await request(w.service.url).post(`/orders/${orderId}/cancel`).set('Authorization', bearer(ALICE))).status).toBe(200);
-    w.path.script('/psp/refunds', [{ kind: 'lose' }, { kind: 'answer', status: 422 }]);
-    const res = await request(w.service.url).post(`/payments/${paid.body.id}/refunds`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send({});
-    expect(res.status).toBe(503);
-    expect(res.body.type).toBe(PROBLEM('refund-pending'));
-    const refundOf = async () =>
-      (
-        await w.db.query(
-          `SELECT r.status, r.failure_code, p.refunded_minor::int AS reserved, extract(epoch FROM r.updated_at - a.last_attempt_by) * 1000 AS decided_after_ms
+  it(
+    'a refund: a timeout, then a 422: pending with its amount still reserved until the window closes, then failed by lookups and given back',
+    async () => {
+      const orderId = await createOrder(w.service.url);
+      const paid = await pay(w.service.url, orderId, randomUUID());
+      expect(paid.status).toBe(201);
+      expect((await request(w.service.url).post(`/orders/${orderId}/cancel`).set('Authorization', bearer(ALICE))).status).toBe(200);
+      w.path.script('/psp/refunds', [{ kind: 'lose' }, { kind: 'answer', status: 422 }]);
+      const res = await request(w.service.url)
+        .post(`/payments/${paid.body.id}/refunds`)
+        .set('Authorization', bearer(ALICE))
+        .set('Idempotency-Key', randomUUID())
+        .send({});
+      expect(res.status).toBe(503);
+      expect(res.body.type).toBe(PROBLEM('refund-pending'));
+      const refundOf = async () =>
+        (
+          await w.db.query(
+            `SELECT r.status, r.failure_code, p.refunded_minor::int AS reserved, extract(epoch FROM r.updated_at - a.last_attempt_by) * 1000 AS decided_after_ms
              FROM refunds r JOIN payments p ON p.id = r.payment_id JOIN provider_attempts a ON a.subject_id = r.id WHERE r.id = $1`,
-          [res.body.refundId],
-        )
-      ).rows[0];
-    expect(await refundOf()).toMatchObject({ status: 'pending', reserved: ORDER_TOTAL });
-    const decided = await until('the refund to be decided', async () => {
-      const r = await refundOf();
-      return r.status !== 'pending' ? r : undefined;
-    });
-    expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable', reserved: 0 });
-    expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
-    expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: ORDER_TOTAL, charges: 1 });
-    expect(await booksNet(w, orderId)).toBe(ORDER_TOTAL);
-  }, PROCESS_TEST_TIMEOUT_MS);
+            [res.body.refundId],
+          )
+        ).rows[0];
+      expect(await refundOf()).toMatchObject({ status: 'pending', reserved: ORDER_TOTAL });
+      const decided = await until('the refund to be decided', async () => {
+        const r = await refundOf();
+        return r.status !== 'pending' ? r : undefined;
+      });
+      expect(decided).toMatchObject({ status: 'failed', failure_code: 'provider_unreachable', reserved: 0 });
+      expect(Number(decided.decided_after_ms)).toBeGreaterThanOrEqual(MAX_LATENCY_MS);
+      expect(await providerMoney(w.sandbox.url, orderId)).toEqual({ net: ORDER_TOTAL, charges: 1 });
+      expect(await booksNet(w, orderId)).toBe(ORDER_TOTAL);
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 
-  it('a timeout whose attempt lands late, then a 422 on the retry: pending, then the lookups find the charge and the order is paid once', async () => {
-    const orderId = await createOrder(w.service.url);
-    w.path.script('/psp/charges', [{ kind: 'late', delayMs: 1_500 }, { kind: 'answer', status: 422 }]);
-    const res = await pay(w.service.url, orderId, randomUUID());
-    expect(res.status).toBe(503);
-    const paymentId = res.body.paymentId as string;
-    const decided = await until('the payment to be decided', async () => {
-      const p = await paymentOf(paymentId);
-      return p.status !== 'pending' ? p : undefined;
-    });
-    await w.path.settled();
-    const money = await providerMoney(w.sandbox.url, orderId);
-    expect(money).toEqual({ net: ORDER_TOTAL, charges: 1 });
-    expect(decided.status).toBe('succeeded');
-    expect(await booksNet(w, orderId)).toBe(ORDER_TOTAL);
-    const { rows } = await w.db.query(`SELECT count(*)::int AS n FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
-    expect(rows[0].n).toBe(0);
-  }, PROCESS_TEST_TIMEOUT_MS);
+  it(
+    'a timeout whose attempt lands late, then a 422 on the retry: pending, then the lookups find the charge and the order is paid once',
+    async () => {
+      const orderId = await createOrder(w.service.url);
+      w.path.script('/psp/charges', [
+        { kind: 'late', delayMs: 1_500 },
+        { kind: 'answer', status: 422 },
+      ]);
+      const res = await pay(w.service.url, orderId, randomUUID());
+      expect(res.status).toBe(503);
+      const paymentId = res.body.paymentId as string;
+      const decided = await until('the payment to be decided', async () => {
+        const p = await paymentOf(paymentId);
+        return p.status !== 'pending' ? p : undefined;
+      });
+      await w.path.settled();
+      const money = await providerMoney(w.sandbox.url, orderId);
+      expect(money).toEqual({ net: ORDER_TOTAL, charges: 1 });
+      expect(decided.status).toBe('succeeded');
+      expect(await booksNet(w, orderId)).toBe(ORDER_TOTAL);
+      const { rows } = await w.db.query(`SELECT count(*)::int AS n FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
+      expect(rows[0].n).toBe(0);
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 });

@@ -52,7 +52,11 @@ describe('lint: libs/ and apps/ import nothing outside themselves', () => {
   });
 
   it('the tree as it is: no file in libs/ or apps/ imports outside its own folder (read directly, as well as linted)', () => {
-    const files = ['libs', 'apps'].flatMap((top) => readdirSync(top, { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.ts')).map((f) => join(top, f)));
+    const files = ['libs', 'apps'].flatMap((top) =>
+      readdirSync(top, { recursive: true, encoding: 'utf8' })
+        .filter((f) => f.endsWith('.ts'))
+        .map((f) => join(top, f)),
+    );
     const outside: string[] = [];
     for (const file of files) {
       const unit = file.split(sep).slice(0, 2).join(sep);

@@ -9,8 +9,18 @@ import { ALICE, createTestDatabase } from './support/test-app';
 const MIGRATE = resolve(process.cwd(), 'dist/src/database/migrate.js');
 
 /** The built CLI (`npm test` builds first), as `npm run migration:<command>` runs it. */
-function migrate(command: string, databaseUrl: string, extra: Record<string, string> = { PSP_SANDBOX: 'in-process' }): Promise<{ code: number; output: string }> {
-  const env = { PATH: process.env.PATH ?? '', DATABASE_URL: databaseUrl, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, LOG_LEVEL: 'silent', ...extra };
+function migrate(
+  command: string,
+  databaseUrl: string,
+  extra: Record<string, string> = { PSP_SANDBOX: 'in-process' },
+): Promise<{ code: number; output: string }> {
+  const env = {
+    PATH: process.env.PATH ?? '',
+    DATABASE_URL: databaseUrl,
+    API_KEYS: `${ALICE.clientId}:${ALICE.secret}`,
+    LOG_LEVEL: 'silent',
+    ...extra,
+  };
   return new Promise((done) => {
     execFile(process.execPath, [MIGRATE, command], { env }, (err, stdout, stderr) => {
       done({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, output: stdout + stderr });
@@ -68,15 +78,20 @@ describe('npm run migration:show', () => {
     expect(output).toContain('[?] FromANewerBuild1999999999999 (applied, but not in this build)');
   });
 
-  it('on a real provider (PSP_BASE_URL), lists the service\'s migrations and the sandbox\'s applied ones as not mounted, none pending', async () => {
+  it("on a real provider (PSP_BASE_URL), lists the service's migrations and the sandbox's applied ones as not mounted, none pending", async () => {
     const onAProvider = { PSP_BASE_URL: 'http://provider.invalid/' };
     // Whatever an earlier case left pending: `run` on a real provider applies the service's alone.
     expect((await migrate('run', database.url, onAProvider)).code).toBe(0);
     const { code, output } = await migrate('show', database.url, onAProvider);
     // Less the newer build's migration the case above added.
-    const lines = output.trim().split('\n').filter((line) => !line.startsWith('[?]'));
+    const lines = output
+      .trim()
+      .split('\n')
+      .filter((line) => !line.startsWith('[?]'));
     expect(lines.slice(0, migrations.length)).toEqual(migrations.map((m) => `[X] ${m.name}`));
-    expect(lines.slice(migrations.length, -1).sort()).toEqual(pspSandboxMigrations.map((m) => `[X] ${m.name} (the sandbox provider's; it is not mounted here)`).sort());
+    expect(lines.slice(migrations.length, -1).sort()).toEqual(
+      pspSandboxMigrations.map((m) => `[X] ${m.name} (the sandbox provider's; it is not mounted here)`).sort(),
+    );
     expect(lines.at(-1)).toBe(`all ${migrations.length} migrations are applied`);
     expect(code).toBe(0);
   });

@@ -9,7 +9,9 @@ import request from 'supertest';
 import { type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, bearer, createTestDatabase, ignoreIdleErrors } from './support/test-app';
 
-/** Well above IDEMPOTENCY_WAIT_MS plus a loaded machine's latency, below the 30 s statement timeout a leaked lock_timeout = 0 would reach. */
+/**
+ * Well above IDEMPOTENCY_WAIT_MS plus a loaded machine's latency, below the 30 s statement timeout a leaked lock_timeout = 0 would reach.
+ */
 const ANSWER_DEADLINE_MS = 20_000;
 
 describe('the service after applying migrations at start-up', () => {
@@ -41,7 +43,13 @@ describe('the service after applying migrations at start-up', () => {
     await holder.connect();
     await holder.query('BEGIN');
     await holder.query(`SELECT pg_advisory_xact_lock(hashtext('alice'), hashtext($1))`, [key]);
-    const post = () => request(service!.url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).timeout(ANSWER_DEADLINE_MS).send(body);
+    const post = () =>
+      request(service!.url)
+        .post('/orders')
+        .set('Authorization', bearer(ALICE))
+        .set('Idempotency-Key', key)
+        .timeout(ANSWER_DEADLINE_MS)
+        .send(body);
 
     // Each request in turn, so each takes the connection the previous one released (the migration's one among them).
     for (let i = 0; i < 3; i++) {

@@ -31,9 +31,15 @@ describe('apps/minimal-express as a process under NODE_ENV=production, on inject
       headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-client-id': 'acme' },
       body: JSON.stringify(body),
     });
-  const transfersTo = async (account: string) => (await check.query<{ n: number }>(`SELECT count(*)::int AS n FROM transfers WHERE to_account = $1`, [account])).rows[0].n;
+  const transfersTo = async (account: string) =>
+    (await check.query<{ n: number }>(`SELECT count(*)::int AS n FROM transfers WHERE to_account = $1`, [account])).rows[0].n;
   const keyRows = async (key: string) =>
-    (await check.query<{ state: string; response_status: number | null }>(`SELECT state, response_status FROM idempotency_keys WHERE key = $1`, [key])).rows;
+    (
+      await check.query<{ state: string; response_status: number | null }>(
+        `SELECT state, response_status FROM idempotency_keys WHERE key = $1`,
+        [key],
+      )
+    ).rows;
 
   beforeAll(async () => {
     database = await createTestDatabase({ empty: true });

@@ -103,7 +103,11 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
     base = await app.getUrl();
     check = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 2 }));
     RawPoolTransfersController.pool = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
-    RawPoolTransfersController.secondDataSource = await new DataSource({ type: 'postgres', url: database.url, entities: [Transfer] }).initialize();
+    RawPoolTransfersController.secondDataSource = await new DataSource({
+      type: 'postgres',
+      url: database.url,
+      entities: [Transfer],
+    }).initialize();
   });
   afterAll(async () => {
     process.env.NODE_ENV = nodeEnv;
@@ -115,10 +119,20 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
   });
 
   const post = (path: string, key: string, body: unknown, clientId = 'acme') =>
-    fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-client-id': clientId }, body: JSON.stringify(body) });
-  const transfersTo = async (account: string) => (await check.query<{ n: number }>(`SELECT count(*)::int AS n FROM transfers WHERE to_account = $1`, [account])).rows[0].n;
+    fetch(`${base}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-client-id': clientId },
+      body: JSON.stringify(body),
+    });
+  const transfersTo = async (account: string) =>
+    (await check.query<{ n: number }>(`SELECT count(*)::int AS n FROM transfers WHERE to_account = $1`, [account])).rows[0].n;
   const keyRow = async (key: string) =>
-    (await check.query<{ state: string; response_status: number | null }>(`SELECT state, response_status FROM idempotency_keys WHERE key = $1`, [key])).rows;
+    (
+      await check.query<{ state: string; response_status: number | null }>(
+        `SELECT state, response_status FROM idempotency_keys WHERE key = $1`,
+        [key],
+      )
+    ).rows;
 
   it('runs on Express', () => {
     expect(app.getHttpAdapter().getType()).toBe('express');
@@ -127,7 +141,9 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
   it('20 parallel duplicates: one transfer, one recorded answer, every response the same', async () => {
     const key = randomUUID();
     const account = `acc-${randomUUID()}`;
-    const responses = await Promise.all(Array.from({ length: 20 }, () => post('/transfers', key, { toAccount: account, amountMinor: 500 })));
+    const responses = await Promise.all(
+      Array.from({ length: 20 }, () => post('/transfers', key, { toAccount: account, amountMinor: 500 })),
+    );
     const bodies = await Promise.all(responses.map((r) => r.text()));
     expect(responses.map((r) => r.status)).toEqual(Array(20).fill(201));
     expect(new Set(bodies).size).toBe(1);
@@ -185,7 +201,10 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
     const replay = await post('/typeorm-ways', key, { toAccount: account, amountMinor: 10 });
     expect(replay.headers.get('idempotent-replayed')).toBe('true');
     expect(await replay.text()).toBe(firstBody);
-    const rows = await check.query<{ id: string; amount_minor: number }>(`SELECT id, amount_minor FROM transfers WHERE to_account = $1 ORDER BY amount_minor`, [account]);
+    const rows = await check.query<{ id: string; amount_minor: number }>(
+      `SELECT id, amount_minor FROM transfers WHERE to_account = $1 ORDER BY amount_minor`,
+      [account],
+    );
     // Four writes, once each; the inner savepoint's (14) undone.
     expect(rows.rows.map((r) => r.amount_minor)).toEqual([10, 11, 12, 13]);
     expect(new Set(rows.rows.map((r) => r.id))).toEqual(new Set((JSON.parse(firstBody) as { ids: string[] }).ids));
@@ -230,17 +249,23 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
     expect(await transfersTo(account)).toBe(0);
     expect(await keyRow(key)).toEqual([]);
     // Outside a handler the same pool writes as usual: only a write inside the open transaction's context is refused.
-    await RawPoolTransfersController.pool.query(`INSERT INTO transfers (client_id, to_account, amount_minor) VALUES ('acme', $1, 1)`, [account]);
+    await RawPoolTransfersController.pool.query(`INSERT INTO transfers (client_id, to_account, amount_minor) VALUES ('acme', $1, 1)`, [
+      account,
+    ]);
     expect(await transfersTo(account)).toBe(1);
   });
 
-  it('keys are the caller\'s: another client with the same key gets its own transfer; no caller, no claim', async () => {
+  it("keys are the caller's: another client with the same key gets its own transfer; no caller, no claim", async () => {
     const key = randomUUID();
     const account = `acc-${randomUUID()}`;
     expect((await post('/transfers', key, { toAccount: account, amountMinor: 100 }, 'acme')).status).toBe(201);
     expect((await post('/transfers', key, { toAccount: account, amountMinor: 100 }, 'globex')).status).toBe(201);
     expect(await transfersTo(account)).toBe(2);
-    const anonymous = await fetch(`${base}/transfers`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': key }, body: '{}' });
+    const anonymous = await fetch(`${base}/transfers`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': key },
+      body: '{}',
+    });
     expect(anonymous.status).toBe(401);
   });
 
@@ -254,8 +279,16 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
             `SELECT column_name, data_type, is_nullable, column_default FROM information_schema.columns WHERE table_schema = 'public' AND table_name = 'idempotency_keys' ORDER BY column_name`,
           )
         ).rows,
-        constraints: (await pool.query(`SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conrelid = 'public.idempotency_keys'::regclass ORDER BY conname`)).rows,
-        indexes: (await pool.query(`SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'idempotency_keys' ORDER BY indexname`)).rows,
+        constraints: (
+          await pool.query(
+            `SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conrelid = 'public.idempotency_keys'::regclass ORDER BY conname`,
+          )
+        ).rows,
+        indexes: (
+          await pool.query(
+            `SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'idempotency_keys' ORDER BY indexname`,
+          )
+        ).rows,
         options: (await pool.query(`SELECT reloptions FROM pg_class WHERE oid = 'public.idempotency_keys'::regclass`)).rows,
       });
       const ours = await shape(check);

@@ -264,7 +264,14 @@ class CreateOrder extends Step {
       return;
     }
     expectStatus(a, [201], 'a create of a new order number');
-    m.orders.push({ id: a.json.id as string, orderNumber: body.orderNumber as string, createBody: body, totalMinor: this.totalMinor, status: 'created', certain: true });
+    m.orders.push({
+      id: a.json.id as string,
+      orderNumber: body.orderNumber as string,
+      createBody: body,
+      totalMinor: this.totalMinor,
+      status: 'created',
+      certain: true,
+    });
   }
 }
 
@@ -278,8 +285,12 @@ class Replay extends Step {
     const { sent, answer } = pick(m.stored, this.index);
     const again = await send(sent);
     const what = `replay of ${JSON.stringify(sent)}`;
-    if (again.status !== answer.status) throw new Error(`${what}: status ${again.status} ≠ first ${answer.status}: ${again.bytes.toString('utf8')}`);
-    if (!again.bytes.equals(answer.bytes)) throw new Error(`${what}: body not byte-identical:\n first: ${answer.bytes.toString('utf8')}\n again: ${again.bytes.toString('utf8')}`);
+    if (again.status !== answer.status)
+      throw new Error(`${what}: status ${again.status} ≠ first ${answer.status}: ${again.bytes.toString('utf8')}`);
+    if (!again.bytes.equals(answer.bytes))
+      throw new Error(
+        `${what}: body not byte-identical:\n first: ${answer.bytes.toString('utf8')}\n again: ${again.bytes.toString('utf8')}`,
+      );
     for (const h of ['contentType', 'location', 'etag'] as const) {
       if (again[h] !== answer[h]) throw new Error(`${what}: ${h} ${again[h]} ≠ first ${answer[h]}`);
     }
@@ -327,7 +338,10 @@ class Transition extends Step {
     const allowedFrom = this.action === 'cancel' ? ['created', 'paid', 'cancelled'] : ['paid', 'shipped'];
     if (order.certain) {
       const expected = allowedFrom.includes(order.status) ? 200 : 409;
-      if (a.status !== expected) throw new Error(`${this.toString()} of an order known to be ${order.status}: expected ${expected}, got ${a.status} ${a.bytes.toString('utf8')}`);
+      if (a.status !== expected)
+        throw new Error(
+          `${this.toString()} of an order known to be ${order.status}: expected ${expected}, got ${a.status} ${a.bytes.toString('utf8')}`,
+        );
     }
     if (a.status === 200) {
       if (a.json.status !== target) throw new Error(`${this.toString()} answered 200 with status ${String(a.json.status)}`);
@@ -360,7 +374,8 @@ class Pay extends Step {
     remember(m, sent, a);
     expectStatus(a, [201, 402, 409, 503], this.toString());
     if (a.status === 201) {
-      if (!m.payments.some((p) => p.id === a.json.id)) m.payments.push({ id: a.json.id as string, orderId: order.id, amountMinor: a.json.amountMinor as number, source: token });
+      if (!m.payments.some((p) => p.id === a.json.id))
+        m.payments.push({ id: a.json.id as string, orderId: order.id, amountMinor: a.json.amountMinor as number, source: token });
       order.status = 'paid';
     } else if (a.status === 503 && a.json.type !== `${PROBLEM}provider-unavailable`) {
       // The charge may or may not exist: a webhook or the reconciler may settle it at any time.
@@ -376,7 +391,10 @@ class Pay extends Step {
     else if (token === 'tok_chargeDeclined' || token === 'tok_nonsense') expected = 402;
     else if (token === 'tok_lost' || token === 'tok_unavailable') expected = 503;
     else expected = 201;
-    if (a.status !== expected) throw new Error(`${this.toString()} on an order known to be ${before.status} (total ${order.totalMinor}) answered ${a.status}, expected ${expected}: ${a.bytes.toString('utf8')}`);
+    if (a.status !== expected)
+      throw new Error(
+        `${this.toString()} on an order known to be ${before.status} (total ${order.totalMinor}) answered ${a.status}, expected ${expected}: ${a.bytes.toString('utf8')}`,
+      );
   }
 }
 
@@ -455,7 +473,12 @@ class DeliverWebhook extends Step {
     const picked = pick(events, this.index);
     const event =
       this.mode === 'stale'
-        ? { ...picked, id: `msg_stale_${randomUUID()}`, type: 'charge.failed', payload: { ...picked.payload, status: 'failed', failureCode: 'card_declined' } }
+        ? {
+            ...picked,
+            id: `msg_stale_${randomUUID()}`,
+            type: 'charge.failed',
+            payload: { ...picked.payload, status: 'failed', failureCode: 'card_declined' },
+          }
         : picked;
     const body = JSON.stringify({ type: event.type, timestamp: event.created_at.toISOString(), data: event.payload });
     const at = new Date();
@@ -500,7 +523,11 @@ class Burst extends Step {
     let order: ModelOrder | undefined;
     let sent: Sent;
     if (this.kind === 'create') {
-      const body = { orderNumber: `MODEL-${m.run}-${++m.numbers}-${randomUUID().slice(0, 8)}`, currency: 'EUR', items: [{ sku: 'SKU-B', quantity: 2, unitPriceMinor: 700 }] };
+      const body = {
+        orderNumber: `MODEL-${m.run}-${++m.numbers}-${randomUUID().slice(0, 8)}`,
+        currency: 'EUR',
+        items: [{ sku: 'SKU-B', quantity: 2, unitPriceMinor: 700 }],
+      };
       sent = { path: '/orders', key, body };
     } else {
       order = pick(m.orders, this.index);
@@ -510,10 +537,14 @@ class Burst extends Step {
     // Every final answer is the one stored answer, byte for byte; the others were told to retry (409 + Retry-After).
     const finals = answers.filter((a) => a.retryAfter === null);
     const waiting = answers.filter((a) => a.retryAfter !== null);
-    for (const w of waiting) if (w.status !== 409 && w.status !== 503) throw new Error(`${this.toString()}: a duplicate answered ${w.status} with Retry-After`);
+    for (const w of waiting)
+      if (w.status !== 409 && w.status !== 503) throw new Error(`${this.toString()}: a duplicate answered ${w.status} with Retry-After`);
     const first = finals[0];
     for (const f of finals) {
-      if (f.status !== first.status || !f.bytes.equals(first.bytes)) throw new Error(`${this.toString()}: two different final answers for one key:\n ${first.status} ${first.bytes.toString('utf8')}\n ${f.status} ${f.bytes.toString('utf8')}`);
+      if (f.status !== first.status || !f.bytes.equals(first.bytes))
+        throw new Error(
+          `${this.toString()}: two different final answers for one key:\n ${first.status} ${first.bytes.toString('utf8')}\n ${f.status} ${f.bytes.toString('utf8')}`,
+        );
     }
     if (first) remember(m, sent, first);
     // On a loaded machine even tok_visa can time out three times: 503 payment-pending, settled later by someone else.
@@ -521,11 +552,23 @@ class Burst extends Step {
     if (this.kind === 'create') {
       if (!first) return;
       expectStatus(first, [201], this.toString());
-      m.orders.push({ id: first.json.id as string, orderNumber: sent.body.orderNumber as string, createBody: sent.body, totalMinor: 1400, status: 'created', certain: true });
+      m.orders.push({
+        id: first.json.id as string,
+        orderNumber: sent.body.orderNumber as string,
+        createBody: sent.body,
+        totalMinor: 1400,
+        status: 'created',
+        certain: true,
+      });
       const { rows } = await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE order_number = $1`, [sent.body.orderNumber]);
       if (rows[0].n !== 1) throw new Error(`${this.toString()}: ${rows[0].n} orders for one order number`);
     } else if (first?.status === 201) {
-      m.payments.push({ id: first.json.id as string, orderId: order!.id, amountMinor: first.json.amountMinor as number, source: 'tok_visa' });
+      m.payments.push({
+        id: first.json.id as string,
+        orderId: order!.id,
+        amountMinor: first.json.amountMinor as number,
+        source: 'tok_visa',
+      });
       order!.status = 'paid';
     }
   }
@@ -540,13 +583,33 @@ const commands = [
   fc.tuple(fc.nat(), fc.boolean()).map(([i, k]) => new Transition('cancel', i, k)),
   // tok_lost and tok_timeout cost ~1–3 s each (3 × PSP_TIMEOUT_MS per attempt): less often than the others.
   fc
-    .tuple(fc.nat(), fc.constantFrom<Token>('tok_visa', 'tok_visa', 'tok_chargeDeclined', 'tok_flaky', 'tok_timeout', 'tok_lost', 'tok_unavailable', 'tok_slow', 'tok_nonsense'), fc.option(fc.nat(), { freq: 3 }))
+    .tuple(
+      fc.nat(),
+      fc.constantFrom<Token>(
+        'tok_visa',
+        'tok_visa',
+        'tok_chargeDeclined',
+        'tok_flaky',
+        'tok_timeout',
+        'tok_lost',
+        'tok_unavailable',
+        'tok_slow',
+        'tok_nonsense',
+      ),
+      fc.option(fc.nat(), { freq: 3 }),
+    )
     .map(([i, tok, r]) => new Pay(i, tok, r)),
   fc.nat().map((i) => new LatePay(i)),
-  fc.tuple(fc.nat(), fc.option(fc.constantFrom(0.25, 0.5, 1, 1.5)), fc.option(fc.nat(), { freq: 3 })).map(([i, f, r]) => new Refund(i, f ?? undefined, r)),
-  fc.tuple(fc.nat(), fc.constantFrom('any' as const, 'any' as const, 'duplicate' as const, 'stale' as const)).map(([i, mode]) => new DeliverWebhook(i, mode)),
+  fc
+    .tuple(fc.nat(), fc.option(fc.constantFrom(0.25, 0.5, 1, 1.5)), fc.option(fc.nat(), { freq: 3 }))
+    .map(([i, f, r]) => new Refund(i, f ?? undefined, r)),
+  fc
+    .tuple(fc.nat(), fc.constantFrom('any' as const, 'any' as const, 'duplicate' as const, 'stale' as const))
+    .map(([i, mode]) => new DeliverWebhook(i, mode)),
   fc.constant(null).map(() => new Reconcile()),
-  fc.tuple(fc.constantFrom('create' as const, 'pay' as const), fc.integer({ min: 2, max: 6 }), fc.nat()).map(([k, n, i]) => new Burst(k, n, i)),
+  fc
+    .tuple(fc.constantFrom('create' as const, 'pay' as const), fc.integer({ min: 2, max: 6 }), fc.nat())
+    .map(([k, n, i]) => new Burst(k, n, i)),
 ];
 
 describe('model-based: random sequences over real HTTP keep every invariant after every step', () => {
@@ -564,7 +627,10 @@ describe('model-based: random sequences over real HTTP keep every invariant afte
       IDEMPOTENCY_WAIT_MS: '15000',
     });
     // The provider as its own process on the app's database (the invariants read its psp schema); its events stay in its outbox.
-    sandbox = await startServiceProcess({ DATABASE_URL: t.databaseUrl, PSP_PORT: '0', PSP_TIMEOUT_MS: '300', PSP_WEBHOOK_URL: 'none', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET }, { main: SANDBOX_MAIN });
+    sandbox = await startServiceProcess(
+      { DATABASE_URL: t.databaseUrl, PSP_PORT: '0', PSP_TIMEOUT_MS: '300', PSP_WEBHOOK_URL: 'none', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET },
+      { main: SANDBOX_MAIN },
+    );
     latePath.target = sandbox.url;
   });
   afterAll(async () => {

@@ -119,13 +119,28 @@ describe('online migration: ADD COLUMN and DROP COLUMN on the hot tables while s
 
     expect(failures).toEqual([]);
     // The traffic really was there: every kind of request succeeded, across the changes.
-    const kinds = ['create 201', 'replay 201', 'read order 200', 'pay 201', 'read payment 200', 'list payments 200', 'refund 201', 'list refunds 200'];
+    const kinds = [
+      'create 201',
+      'replay 201',
+      'read order 200',
+      'pay 201',
+      'read payment 200',
+      'list payments 200',
+      'refund 201',
+      'list refunds 200',
+    ];
     expect(kinds.filter((kind) => !statuses.get(kind))).toEqual([]);
     const count = async (sql: string, ids: string[]) => (await t.db.query<{ n: number }>(sql, [ids])).rows[0].n;
     expect(await count(`SELECT count(*)::int AS n FROM orders WHERE id = ANY($1::uuid[])`, created)).toBe(created.length);
-    expect(await count(`SELECT count(*)::int AS n FROM payments WHERE id = ANY($1::uuid[]) AND status = 'succeeded'`, paid)).toBe(paid.length);
-    expect(await count(`SELECT count(*)::int AS n FROM refunds WHERE id = ANY($1::uuid[]) AND status = 'succeeded'`, refunded)).toBe(refunded.length);
+    expect(await count(`SELECT count(*)::int AS n FROM payments WHERE id = ANY($1::uuid[]) AND status = 'succeeded'`, paid)).toBe(
+      paid.length,
+    );
+    expect(await count(`SELECT count(*)::int AS n FROM refunds WHERE id = ANY($1::uuid[]) AND status = 'succeeded'`, refunded)).toBe(
+      refunded.length,
+    );
     // No key was left unfinished by a request that failed half-way.
-    expect((await t.db.query<{ n: number }>(`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`)).rows[0].n).toBe(0);
+    expect((await t.db.query<{ n: number }>(`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`)).rows[0].n).toBe(
+      0,
+    );
   });
 });

@@ -114,25 +114,30 @@ const DATE_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2
 /** Errors found validating `value` against `schema` (empty: it matches), each with its JSON path. */
 function validate(doc: Document, schema: Schema, value: unknown, path = '$'): string[] {
   if (schema.$ref) return validate(doc, resolveRef(doc, schema.$ref), value, path);
-  if (value === null) return schema.nullable || schema.type === undefined && !schema.allOf && !schema.oneOf ? [] : [`${path}: null but not nullable`];
+  if (value === null)
+    return schema.nullable || (schema.type === undefined && !schema.allOf && !schema.oneOf) ? [] : [`${path}: null but not nullable`];
   const errors: string[] = [];
   if (schema.allOf) for (const part of schema.allOf) errors.push(...validate(doc, part, value, path));
   if (schema.oneOf) {
     const matching = schema.oneOf.filter((s) => validate(doc, s, value, path).length === 0).length;
-    if (matching !== 1) errors.push(`${path}: matches ${matching} of the ${schema.oneOf.length} oneOf schemas (${JSON.stringify(value).slice(0, 200)})`);
+    if (matching !== 1)
+      errors.push(`${path}: matches ${matching} of the ${schema.oneOf.length} oneOf schemas (${JSON.stringify(value).slice(0, 200)})`);
   }
   if (schema.anyOf && !schema.anyOf.some((s) => validate(doc, s, value, path).length === 0)) errors.push(`${path}: matches none of anyOf`);
-  if (schema.enum && !schema.enum.includes(value)) errors.push(`${path}: ${JSON.stringify(value)} is not one of ${JSON.stringify(schema.enum)}`);
+  if (schema.enum && !schema.enum.includes(value))
+    errors.push(`${path}: ${JSON.stringify(value)} is not one of ${JSON.stringify(schema.enum)}`);
   switch (schema.type) {
     case 'string':
       if (typeof value !== 'string') return [...errors, `${path}: expected a string, got ${JSON.stringify(value)}`];
       if (schema.format === 'uuid' && !UUID.test(value)) errors.push(`${path}: ${value} is not a uuid`);
-      if (schema.format === 'date-time' && (!DATE_TIME.test(value) || Number.isNaN(Date.parse(value)))) errors.push(`${path}: ${value} is not a date-time`);
+      if (schema.format === 'date-time' && (!DATE_TIME.test(value) || Number.isNaN(Date.parse(value))))
+        errors.push(`${path}: ${value} is not a date-time`);
       if (schema.pattern && !new RegExp(schema.pattern, 'u').test(value)) errors.push(`${path}: ${value} does not match ${schema.pattern}`);
       break;
     case 'number':
     case 'integer':
-      if (typeof value !== 'number' || !Number.isFinite(value)) return [...errors, `${path}: expected a ${schema.type}, got ${JSON.stringify(value)}`];
+      if (typeof value !== 'number' || !Number.isFinite(value))
+        return [...errors, `${path}: expected a ${schema.type}, got ${JSON.stringify(value)}`];
       if (schema.type === 'integer' && !Number.isInteger(value)) errors.push(`${path}: ${value} is not an integer`);
       if (schema.minimum !== undefined && value < schema.minimum) errors.push(`${path}: ${value} < minimum ${schema.minimum}`);
       if (schema.maximum !== undefined && value > schema.maximum) errors.push(`${path}: ${value} > maximum ${schema.maximum}`);
@@ -146,12 +151,14 @@ function validate(doc: Document, schema: Schema, value: unknown, path = '$'): st
       break;
     case 'object':
     case undefined:
-      if (schema.type === 'object' && (typeof value !== 'object' || Array.isArray(value))) return [...errors, `${path}: expected an object`];
+      if (schema.type === 'object' && (typeof value !== 'object' || Array.isArray(value)))
+        return [...errors, `${path}: expected an object`];
       if (typeof value === 'object' && !Array.isArray(value)) {
         const record = value as Record<string, unknown>;
         for (const name of schema.required ?? []) if (!(name in record)) errors.push(`${path}: required member ${name} is missing`);
         for (const [name, child] of Object.entries(record)) {
-          const sub = schema.properties?.[name] ?? (typeof schema.additionalProperties === 'object' ? schema.additionalProperties : undefined);
+          const sub =
+            schema.properties?.[name] ?? (typeof schema.additionalProperties === 'object' ? schema.additionalProperties : undefined);
           if (sub) errors.push(...validate(doc, sub, child, `${path}.${name}`));
         }
       }
@@ -184,7 +191,8 @@ let orderNumbers = 0;
 
 function validValue(doc: Document, schema: Schema, rng: Rng, pools: Pools, name = ''): unknown {
   if (schema.$ref) return validValue(doc, resolveRef(doc, schema.$ref), rng, pools, name);
-  if (schema.allOf) return validValue(doc, Object.assign({}, ...schema.allOf.map((s) => (s.$ref ? resolveRef(doc, s.$ref) : s))), rng, pools, name);
+  if (schema.allOf)
+    return validValue(doc, Object.assign({}, ...schema.allOf.map((s) => (s.$ref ? resolveRef(doc, s.$ref) : s))), rng, pools, name);
   if (schema.oneOf) return validValue(doc, rng.pick(schema.oneOf), rng, pools, name);
   // A fresh order number each time, or every create would meet the first one's (a documented 409, but one answer only).
   if (name === 'orderNumber') return `FZ-${SEED.toString(36)}-${++orderNumbers}`;
@@ -193,7 +201,8 @@ function validValue(doc: Document, schema: Schema, rng: Rng, pools: Pools, name 
   if (schema.enum) return rng.pick(schema.enum);
   switch (schema.type) {
     case 'string':
-      if (schema.format === 'uuid') return name === 'orderId' && pools.orderIds.length && rng.chance(0.5) ? rng.pick(pools.orderIds) : seededUuid(rng);
+      if (schema.format === 'uuid')
+        return name === 'orderId' && pools.orderIds.length && rng.chance(0.5) ? rng.pick(pools.orderIds) : seededUuid(rng);
       if (schema.format === 'date-time') return new Date().toISOString();
       return 'x'.repeat(Math.max(1, schema.minLength ?? 1));
     case 'number':
@@ -239,7 +248,21 @@ function setAt(root: unknown, path: (string | number)[], value: unknown, remove 
   } else node[last] = value;
 }
 
-const HUGE_NUMBERS = ['1e309', '-1', '-0', '0', '1.5', '9007199254740993', '-9007199254740993', '1e21', '123456789012345678901234567890', '2147483648', '-2147483649', '0.0000001', '1E2'];
+const HUGE_NUMBERS = [
+  '1e309',
+  '-1',
+  '-0',
+  '0',
+  '1.5',
+  '9007199254740993',
+  '-9007199254740993',
+  '1e21',
+  '123456789012345678901234567890',
+  '2147483648',
+  '-2147483649',
+  '0.0000001',
+  '1E2',
+];
 const ODD_STRINGS = [
   '',
   ' ',
@@ -276,11 +299,18 @@ interface Case {
   request: Request;
 }
 
-/** encodeURIComponent, except that a lone surrogate goes out as the bytes of its code point (%ED%A0%80): not UTF-8, as a hostile client may send. */
+/**
+ * encodeURIComponent, except that a lone surrogate goes out as the bytes of its code point (%ED%A0%80): not UTF-8, as a hostile client may
+ * send.
+ */
 function encodeUrlPart(value: string): string {
   return Array.from(value, (ch) => {
     const code = ch.charCodeAt(0);
-    if (ch.length === 1 && code >= 0xd800 && code <= 0xdfff) return Array.from(Buffer.from([0xe0 | (code >> 12), 0x80 | ((code >> 6) & 0x3f), 0x80 | (code & 0x3f)]), (b) => `%${b.toString(16).toUpperCase()}`).join('');
+    if (ch.length === 1 && code >= 0xd800 && code <= 0xdfff)
+      return Array.from(
+        Buffer.from([0xe0 | (code >> 12), 0x80 | ((code >> 6) & 0x3f), 0x80 | (code & 0x3f)]),
+        (b) => `%${b.toString(16).toUpperCase()}`,
+      ).join('');
     return encodeURIComponent(ch);
   }).join('');
 }
@@ -294,7 +324,17 @@ function deepBody(depth: number, array: boolean): string {
  * given, is an order just created (version 1) that the valid request of an /orders/{id} route uses, so
  * it can succeed whatever earlier runs did to the shared orders.
  */
-function buildCase(doc: Document, route: string, method: string, op: Operation, rng: Rng, pools: Pools, run: number, signer: Webhook, freshOrderId?: string): Case {
+function buildCase(
+  doc: Document,
+  route: string,
+  method: string,
+  op: Operation,
+  rng: Rng,
+  pools: Pools,
+  run: number,
+  signer: Webhook,
+  freshOrderId?: string,
+): Case {
   const params = op.parameters ?? [];
   const bodySchema = op.requestBody?.content['application/json']?.schema;
   const headerNames = params.filter((p) => p.in === 'header').map((p) => p.name.toLowerCase());
@@ -303,7 +343,13 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
   const needsAuth = (op.security ?? []).some((s) => 'bearer' in s);
 
   // Path ids: a real resource of the right kind most of the time, else a random uuid or not a uuid at all.
-  const pool = route.startsWith('/orders/') ? pools.orderIds : route.startsWith('/payments/') ? pools.paymentIds : route.startsWith('/refunds/') ? pools.refundIds : [];
+  const pool = route.startsWith('/orders/')
+    ? pools.orderIds
+    : route.startsWith('/payments/')
+      ? pools.paymentIds
+      : route.startsWith('/refunds/')
+        ? pools.refundIds
+        : [];
   const idFor = (): string => (pool.length && rng.chance(0.6) ? rng.pick(pool) : seededUuid(rng));
   const valid = run === 0;
   const payments = pools.paymentIds;
@@ -313,11 +359,15 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
       // The valid request names a resource it can succeed on: the fresh order, the refundable payment (of the cancelled order 0).
       .map((p) => [
         p.name,
-        !valid ? idFor()
-        : freshOrderId && route.startsWith('/orders/') ? freshOrderId
-        : route.startsWith('/payments/') ? payments[0]
-        : route.startsWith('/refunds/') ? pools.refundIds[0]
-        : idFor(),
+        !valid
+          ? idFor()
+          : freshOrderId && route.startsWith('/orders/')
+            ? freshOrderId
+            : route.startsWith('/payments/')
+              ? payments[0]
+              : route.startsWith('/refunds/')
+                ? pools.refundIds[0]
+                : idFor(),
       ]),
   );
 
@@ -336,7 +386,8 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
   // Now and then Bob, who owns none of the resources: his answers are 404s.
   if (needsAuth) headers.push(['Authorization', bearer(valid || rng.chance(0.85) ? ALICE : BOB)]);
   if (hasIdempotencyKey) headers.push(['Idempotency-Key', randomUUID()]);
-  if (headerNames.includes('if-match')) headers.push(['If-Match', valid ? '"1"' : rng.pick(['"1"', '"2"', '*', '"0"', 'W/"1"', '"1", "2"'])]);
+  if (headerNames.includes('if-match'))
+    headers.push(['If-Match', valid ? '"1"' : rng.pick(['"1"', '"2"', '*', '"0"', 'W/"1"', '"1", "2"'])]);
 
   // Mutation 0 of every operation is the valid request; the rest draw one kind each.
   const kinds = [
@@ -390,10 +441,13 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
       break;
     }
     case 'odd-string':
-      if (!mutateBodyAt(() => rng.pick(ODD_STRINGS))) query.push([rng.pick(['cursor', 'status', 'orderId', 'chargeId', 'q']), rng.pick(ODD_STRINGS).slice(0, 2000)]);
+      if (!mutateBodyAt(() => rng.pick(ODD_STRINGS)))
+        query.push([rng.pick(['cursor', 'status', 'orderId', 'chargeId', 'q']), rng.pick(ODD_STRINGS).slice(0, 2000)]);
       break;
     case 'extra-member':
-      if (body && typeof body === 'object' && !Array.isArray(body)) (body as Record<string, unknown>)[rng.pick(['extra', '__proto__', 'constructor', 'id', 'status', 'totalMinor'])] = rng.pick(WRONG_TYPES);
+      if (body && typeof body === 'object' && !Array.isArray(body))
+        (body as Record<string, unknown>)[rng.pick(['extra', '__proto__', 'constructor', 'id', 'status', 'totalMinor'])] =
+          rng.pick(WRONG_TYPES);
       else body = { extra: 1 };
       contentType = 'application/json';
       break;
@@ -402,11 +456,25 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
       contentType = 'application/json';
       break;
     case 'broken-json':
-      rawBody = rng.pick(['{', '{"a":', '{"a":1,}', "{'a':1}", '\u0000', '{"a":"\\ud800"}', '{"a":"\\u0000"}', 'NaN', '{"__proto__":{"polluted":1}}', '\ufeff{}']);
+      rawBody = rng.pick([
+        '{',
+        '{"a":',
+        '{"a":1,}',
+        "{'a':1}",
+        '\u0000',
+        '{"a":"\\ud800"}',
+        '{"a":"\\u0000"}',
+        'NaN',
+        '{"__proto__":{"polluted":1}}',
+        '\ufeff{}',
+      ]);
       contentType = 'application/json';
       break;
     case 'oversized':
-      rawBody = JSON.stringify({ ...(typeof body === 'object' && body ? body : {}), pad: 'x'.repeat(rng.pick([65 * 1024, 200 * 1024, 1024 * 1024])) });
+      rawBody = JSON.stringify({
+        ...(typeof body === 'object' && body ? body : {}),
+        pad: 'x'.repeat(rng.pick([65 * 1024, 200 * 1024, 1024 * 1024])),
+      });
       contentType = 'application/json';
       break;
     case 'deeply-nested':
@@ -414,7 +482,17 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
       contentType = 'application/json';
       break;
     case 'wrong-content-type':
-      contentType = rng.pick(['text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', 'application/xml', 'application/json; charset=latin1', 'application/merge-patch+json', 'application/JSON', '', 'application/json, text/plain']);
+      contentType = rng.pick([
+        'text/plain',
+        'application/x-www-form-urlencoded',
+        'multipart/form-data; boundary=x',
+        'application/xml',
+        'application/json; charset=latin1',
+        'application/merge-patch+json',
+        'application/JSON',
+        '',
+        'application/json, text/plain',
+      ]);
       rawBody = body === undefined ? 'a=1' : JSON.stringify(body);
       break;
     case 'body-on-bodiless':
@@ -424,21 +502,49 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
     case 'bad-auth': {
       const i = headers.findIndex(([n]) => n === 'Authorization');
       if (i >= 0) headers.splice(i, 1);
-      const bad = rng.pick([undefined, 'Bearer', 'Bearer ', 'Basic YWxpY2U6eA==', 'Bearer wrong-secret', `bearer ${ALICE.secret}`, `Bearer ${ALICE.secret} extra`, `Bearer ${'x'.repeat(5000)}`]);
+      const bad = rng.pick([
+        undefined,
+        'Bearer',
+        'Bearer ',
+        'Basic YWxpY2U6eA==',
+        'Bearer wrong-secret',
+        `bearer ${ALICE.secret}`,
+        `Bearer ${ALICE.secret} extra`,
+        `Bearer ${'x'.repeat(5000)}`,
+      ]);
       if (bad !== undefined) headers.push(['Authorization', bad]);
       break;
     }
     case 'bad-idempotency-key': {
       const i = headers.findIndex(([n]) => n === 'Idempotency-Key');
       if (i >= 0) headers.splice(i, 1);
-      const bad = rng.pick([undefined, '', ' ', 'x'.repeat(256), '"unterminated', '"quoted-key"', 'a, b', ':Ynl0ZXM=:', '\u00fc\u00e9', '?1', '"a\\"b"']);
+      const bad = rng.pick([
+        undefined,
+        '',
+        ' ',
+        'x'.repeat(256),
+        '"unterminated',
+        '"quoted-key"',
+        'a, b',
+        ':Ynl0ZXM=:',
+        '\u00fc\u00e9',
+        '?1',
+        '"a\\"b"',
+      ]);
       if (bad !== undefined) headers.push(['Idempotency-Key', bad]);
       break;
     }
     case 'duplicated-headers': {
       const name = rng.pick(['Idempotency-Key', 'Authorization', 'Content-Type', 'If-Match', 'Submit-Token', 'webhook-id']);
       const existing = headers.find(([n]) => n === name);
-      const value = name === 'Content-Type' ? 'application/json' : name === 'Authorization' ? bearer(ALICE) : name === 'Submit-Token' ? 'A'.repeat(43) : randomUUID();
+      const value =
+        name === 'Content-Type'
+          ? 'application/json'
+          : name === 'Authorization'
+            ? bearer(ALICE)
+            : name === 'Submit-Token'
+              ? 'A'.repeat(43)
+              : randomUUID();
       headers.push([name, value], [name, existing?.[1] ?? value]);
       if (name === 'Content-Type') contentType = undefined;
       break;
@@ -446,7 +552,10 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
     case 'odd-query':
       query.push(
         ...rng.pick<[string, string][]>([
-          [['limit', '1'], ['limit', '2']],
+          [
+            ['limit', '1'],
+            ['limit', '2'],
+          ],
           [['limit', '-5']],
           [['limit', 'abc']],
           [['limit', '100000']],
@@ -466,14 +575,38 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
       // Their 402s and 503s are documented answers; a 500 is not.
       if (route === '/orders/{id}/payments' && pools.payableOrderIds.length) pathValues.id = pools.payableOrderIds.shift()!;
       if (body && typeof body === 'object' && 'source' in body) {
-        (body as Record<string, unknown>).source = rng.pick(['tok_chargeDeclined', 'tok_refundDeclined', 'tok_flaky', 'tok_unavailable', 'tok_timeout', 'tok_lost', 'tok_slow']);
+        (body as Record<string, unknown>).source = rng.pick([
+          'tok_chargeDeclined',
+          'tok_refundDeclined',
+          'tok_flaky',
+          'tok_unavailable',
+          'tok_timeout',
+          'tok_lost',
+          'tok_slow',
+        ]);
       }
       break;
     case 'replay':
       // Sent twice by the loop with the same headers: the second is a replay where the operation keeps keys.
       break;
     case 'odd-path-id':
-      pathValues = Object.fromEntries(Object.keys(pathValues).map((k) => [k, rng.pick(['not-a-uuid', '0', '-1', '1e309', 'ü', '%00', seededUuid(rng).toUpperCase(), `${seededUuid(rng)}x`, 'x'.repeat(2000), '00000000-0000-0000-0000-000000000000'])]));
+      pathValues = Object.fromEntries(
+        Object.keys(pathValues).map((k) => [
+          k,
+          rng.pick([
+            'not-a-uuid',
+            '0',
+            '-1',
+            '1e309',
+            'ü',
+            '%00',
+            seededUuid(rng).toUpperCase(),
+            `${seededUuid(rng)}x`,
+            'x'.repeat(2000),
+            '00000000-0000-0000-0000-000000000000',
+          ]),
+        ]),
+      );
       break;
   }
 
@@ -488,7 +621,10 @@ function buildCase(doc: Document, route: string, method: string, op: Operation, 
     const signature = signer.sign(id, at, rawBody ?? '');
     const variant = valid ? 'signed' : rng.pick(['signed', 'signed', 'signed', 'unsigned', 'bad-signature', 'stale']);
     if (variant !== 'unsigned') {
-      headers.push(['webhook-id', id], ['webhook-timestamp', String(Math.floor((variant === 'stale' ? at.getTime() - 3_600_000 : at.getTime()) / 1000))]);
+      headers.push(
+        ['webhook-id', id],
+        ['webhook-timestamp', String(Math.floor((variant === 'stale' ? at.getTime() - 3_600_000 : at.getTime()) / 1000))],
+      );
       headers.push(['webhook-signature', variant === 'bad-signature' ? 'v1,' + Buffer.alloc(32).toString('base64') : signature]);
     }
   }
@@ -516,12 +652,15 @@ function send(base: string, req: Request): Promise<Answer> {
     const payload = req.body === undefined ? undefined : Buffer.from(req.body, 'utf8');
     // As fetch and curl do: Content-Length even for an empty POST (else Node would send it chunked).
     if (payload || req.method !== 'GET') raw.push('Content-Length', String(payload?.length ?? 0));
-    const r = httpRequest({ host: url.hostname, port: url.port, method: req.method, path: req.path, headers: raw, timeout: 30_000 }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }));
-      res.on('error', reject);
-    });
+    const r = httpRequest(
+      { host: url.hostname, port: url.port, method: req.method, path: req.path, headers: raw, timeout: 30_000 },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }));
+        res.on('error', reject);
+      },
+    );
     r.on('timeout', () => r.destroy(new Error('no answer within 30 s')));
     r.on('error', reject);
     r.end(payload);
@@ -534,8 +673,10 @@ function check(doc: Document, op: Operation, answer: Answer): string[] {
   const replayed = answer.headers['idempotent-replayed'] === 'true';
   const documented = op.responses[String(answer.status)] ?? (replayed ? op.responses.default : undefined);
   const problems: string[] = [];
-  if (answer.status >= 500 && !(answer.status === 503 && op.responses['503'])) problems.push(`status ${answer.status} (a server error not documented for this operation)`);
-  if (!documented) problems.push(`status ${answer.status} is not documented for this operation (documented: ${Object.keys(op.responses).join(', ')})`);
+  if (answer.status >= 500 && !(answer.status === 503 && op.responses['503']))
+    problems.push(`status ${answer.status} (a server error not documented for this operation)`);
+  if (!documented)
+    problems.push(`status ${answer.status} is not documented for this operation (documented: ${Object.keys(op.responses).join(', ')})`);
   let body: unknown;
   if (/json/.test(contentType)) {
     try {
@@ -547,19 +688,30 @@ function check(doc: Document, op: Operation, answer: Answer): string[] {
   if (answer.status >= 400) {
     if (!PROBLEM_JSON.test(contentType)) problems.push(`an error as ${contentType || 'no content type'}, not application/problem+json`);
     const p = body as { type?: unknown; title?: unknown; status?: unknown } | undefined;
-    if (typeof p?.type !== 'string' || typeof p.title !== 'string' || p.status !== answer.status) problems.push(`problem members type/title/status wrong: ${answer.text.slice(0, 300)}`);
+    if (typeof p?.type !== 'string' || typeof p.title !== 'string' || p.status !== answer.status)
+      problems.push(`problem members type/title/status wrong: ${answer.text.slice(0, 300)}`);
   }
   const media = documented?.content && Object.entries(documented.content).find(([type]) => contentType.startsWith(type));
-  if (documented?.content && !media && answer.status !== 304) problems.push(`content type ${contentType} is not documented for ${answer.status} (${Object.keys(documented.content).join(', ')})`);
+  if (documented?.content && !media && answer.status !== 304)
+    problems.push(`content type ${contentType} is not documented for ${answer.status} (${Object.keys(documented.content).join(', ')})`);
   if (media?.[1].schema) {
     const value = /json/.test(contentType) ? body : answer.text;
-    problems.push(...validate(doc, media[1].schema, value).map((e) => `body does not match the documented schema: ${e}`).slice(0, 5));
+    problems.push(
+      ...validate(doc, media[1].schema, value)
+        .map((e) => `body does not match the documented schema: ${e}`)
+        .slice(0, 5),
+    );
   }
   return problems;
 }
 
 function describeRequest(req: Request): string {
-  const body = req.body === undefined ? '' : req.body.length > 600 ? `${req.body.slice(0, 300)}…(${req.body.length} chars)…${req.body.slice(-100)}` : req.body;
+  const body =
+    req.body === undefined
+      ? ''
+      : req.body.length > 600
+        ? `${req.body.slice(0, 300)}…(${req.body.length} chars)…${req.body.slice(-100)}`
+        : req.body;
   return `${req.method} ${req.path.length > 300 ? req.path.slice(0, 300) + '…' : req.path}\n${req.headers.map(([n, v]) => `${n}: ${v.length > 200 ? v.slice(0, 200) + '…' : v}`).join('\n')}\n\n${body}`;
 }
 
@@ -571,10 +723,23 @@ describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=
   const pools: Pools = { orderIds: [], payableOrderIds: [], paymentIds: [], refundIds: [], chargeIds: [] };
   const signer = new Webhook(WEBHOOK_SECRET);
   const post = (path: string, body: object) =>
-    send(t.url, { method: 'POST', path, headers: [['Authorization', bearer(ALICE)], ['Idempotency-Key', randomUUID()], ['Content-Type', 'application/json']], body: JSON.stringify(body) });
+    send(t.url, {
+      method: 'POST',
+      path,
+      headers: [
+        ['Authorization', bearer(ALICE)],
+        ['Idempotency-Key', randomUUID()],
+        ['Content-Type', 'application/json'],
+      ],
+      body: JSON.stringify(body),
+    });
   let setupOrders = 0;
   async function createOrder(): Promise<string> {
-    const res = await post('/orders', { orderNumber: `FZ-SETUP-${++setupOrders}`, currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor: 1250 }] });
+    const res = await post('/orders', {
+      orderNumber: `FZ-SETUP-${++setupOrders}`,
+      currency: 'EUR',
+      items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor: 1250 }],
+    });
     expect(`${res.status} ${res.text}`).toMatch(/^201 /);
     return (JSON.parse(res.text) as { id: string }).id;
   }
@@ -601,7 +766,14 @@ describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=
       // Only order 1's charge is fuzzed at /psp/refunds directly: refunds there would leave payment 0 nothing to refund through us.
       if (orderId === pools.orderIds[1]) pools.chargeIds.push(payment.providerTransactionId);
     }
-    const cancelled = await send(t.url, { method: 'POST', path: `/orders/${pools.orderIds[0]}/cancel`, headers: [['Authorization', bearer(ALICE)], ['Idempotency-Key', randomUUID()]] });
+    const cancelled = await send(t.url, {
+      method: 'POST',
+      path: `/orders/${pools.orderIds[0]}/cancel`,
+      headers: [
+        ['Authorization', bearer(ALICE)],
+        ['Idempotency-Key', randomUUID()],
+      ],
+    });
     expect(cancelled.status).toBe(200);
     const refunded = await post(`/payments/${pools.paymentIds[0]}/refunds`, { amountMinor: 100 });
     expect(`${refunded.status} ${refunded.text}`).toMatch(/^201 /);
@@ -645,7 +817,8 @@ describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=
               answer = await send(t.url, c.request);
               problems.push(...check(doc, op, answer).map((p) => `the repeat: ${p}`));
               // A kept key answers the repeat with the first answer; an operation without keys just answers again.
-              if (answer.headers['idempotent-replayed'] === 'true' && answer.status !== first.status) problems.push(`the replay answered ${answer.status}, the first request ${first.status}`);
+              if (answer.headers['idempotent-replayed'] === 'true' && answer.status !== first.status)
+                problems.push(`the replay answered ${answer.status}, the first request ${first.status}`);
             }
           } catch (err) {
             problems = [`no answer: ${(err as Error).message}`];
@@ -653,7 +826,8 @@ describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=
           sent++;
           const statusKey = `${method.toUpperCase()} ${route} ${answer?.status ?? 'none'}`;
           counts[statusKey] = (counts[statusKey] ?? 0) + 1;
-          if (process.env.FUZZ_DEBUG && c.kind === 'valid') console.log(method.toUpperCase(), route, answer?.status, answer?.text.slice(0, 400));
+          if (process.env.FUZZ_DEBUG && c.kind === 'valid')
+            console.log(method.toUpperCase(), route, answer?.status, answer?.text.slice(0, 400));
           if (!problems.length) continue;
           const report = `[seed ${SEED}, run ${run}, ${c.kind}] ${method.toUpperCase()} ${route}\n  ${problems.join('\n  ')}\n--- request ---\n${describeRequest(c.request)}\n--- answer ${answer?.status} ${String(answer?.headers['content-type'] ?? '')} ---\n${answer?.text.slice(0, 500) ?? ''}`;
           const knownKey = `${method.toUpperCase()} ${route} ${c.kind}`;
@@ -669,7 +843,12 @@ describe(`schema-driven fuzzing of every operation (FUZZ_SEED=${SEED} FUZZ_RUNS=
       }
     }
     // The spread of statuses shows what the run reached; printed so a run's coverage can be read.
-    console.log(`fuzzed ${sent} requests in ${Date.now() - started} ms, seed ${SEED}, ${RUNS} per operation; known failures: ${known.length}\n` + Object.entries(counts).map(([k, n]) => `${k} ×${n}`).join('\n'));
+    console.log(
+      `fuzzed ${sent} requests in ${Date.now() - started} ms, seed ${SEED}, ${RUNS} per operation; known failures: ${known.length}\n` +
+        Object.entries(counts)
+          .map(([k, n]) => `${k} ×${n}`)
+          .join('\n'),
+    );
     expect(sent).toBeGreaterThan(0);
     expect([...failures.values()].map(({ report, times }) => `${times}× ${report}`).join('\n\n')).toBe('');
   });

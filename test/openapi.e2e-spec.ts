@@ -31,7 +31,10 @@ async function runBin(bin: string, args: string[]): Promise<{ code: number; stdo
       process.execPath,
       [script, ...args],
       // No telemetry and no update check from Redocly: the test must not depend on the network.
-      { env: { ...process.env, REDOCLY_TELEMETRY: 'off', REDOCLY_SUPPRESS_UPDATE_NOTICE: 'true', NO_COLOR: '1' }, maxBuffer: 64 * 1024 * 1024 },
+      {
+        env: { ...process.env, REDOCLY_TELEMETRY: 'off', REDOCLY_SUPPRESS_UPDATE_NOTICE: 'true', NO_COLOR: '1' },
+        maxBuffer: 64 * 1024 * 1024,
+      },
       (err, stdout, stderr) => {
         if (err && typeof err.code !== 'number') fail(new Error(`${bin} could not be run`, { cause: err }));
         else done({ code: err ? (err.code as number) : 0, stdout, stderr });
@@ -77,22 +80,32 @@ describe('the OpenAPI document the app serves', () => {
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 
-  it("has no errors and no warnings under Redocly's recommended rules (redocly.yaml)", async () => {
-    const run = await runBin('redocly', ['lint', '--config', 'redocly.yaml', '--format=json', documentPath]);
-    const report = parseJson<RedoclyReport>('redocly', run);
-    // The findings themselves, so a failure says what to fix.
-    expect(report.problems.map((p) => `${p.severity} ${p.ruleId} at ${p.location[0]?.pointer}: ${p.message}`)).toEqual([]);
-    expect(report.totals).toMatchObject({ errors: 0, warnings: 0 });
-  }, CLI_TIMEOUT_MS);
+  it(
+    "has no errors and no warnings under Redocly's recommended rules (redocly.yaml)",
+    async () => {
+      const run = await runBin('redocly', ['lint', '--config', 'redocly.yaml', '--format=json', documentPath]);
+      const report = parseJson<RedoclyReport>('redocly', run);
+      // The findings themselves, so a failure says what to fix.
+      expect(report.problems.map((p) => `${p.severity} ${p.ruleId} at ${p.location[0]?.pointer}: ${p.message}`)).toEqual([]);
+      expect(report.totals).toMatchObject({ errors: 0, warnings: 0 });
+    },
+    CLI_TIMEOUT_MS,
+  );
 
-  it("has no findings under Spectral's spectral:oas rules (.spectral.yaml)", async () => {
-    // Spectral prints a summary after its JSON on stdout: the JSON goes to a file.
-    const output = join(dir, 'spectral.json');
-    const run = await runBin('spectral', ['lint', '--ruleset', '.spectral.yaml', '--format', 'json', '--output', output, documentPath]);
-    const findings = parseJson<SpectralFinding[]>('spectral', { ...run, stdout: await readFile(output, 'utf8').catch(() => '') });
-    expect(findings.map((f) => `${['error', 'warning', 'info', 'hint'][f.severity]} ${f.code} at ${f.path.join('.')}: ${f.message}`)).toEqual([]);
-    expect(run.code).toBe(0);
-  }, CLI_TIMEOUT_MS);
+  it(
+    "has no findings under Spectral's spectral:oas rules (.spectral.yaml)",
+    async () => {
+      // Spectral prints a summary after its JSON on stdout: the JSON goes to a file.
+      const output = join(dir, 'spectral.json');
+      const run = await runBin('spectral', ['lint', '--ruleset', '.spectral.yaml', '--format', 'json', '--output', output, documentPath]);
+      const findings = parseJson<SpectralFinding[]>('spectral', { ...run, stdout: await readFile(output, 'utf8').catch(() => '') });
+      expect(
+        findings.map((f) => `${['error', 'warning', 'info', 'hint'][f.severity]} ${f.code} at ${f.path.join('.')}: ${f.message}`),
+      ).toEqual([]);
+      expect(run.code).toBe(0);
+    },
+    CLI_TIMEOUT_MS,
+  );
 
   it('has no text Swagger UI would swallow as an HTML tag: descriptions are Markdown, so "<version>" outside a code span vanishes', async () => {
     const document: unknown = JSON.parse(await readFile(documentPath, 'utf8'));
@@ -108,18 +121,24 @@ describe('the OpenAPI document the app serves', () => {
     expect(swallowed).toEqual([]);
   });
 
-  it('is what the committed client types (test/generated/openapi.d.ts) were generated from', async () => {
-    const generated = join(dir, 'openapi.d.ts');
-    const run = await runBin('openapi-typescript', [documentPath, '--output', generated]);
-    expect({ code: run.code, stderr: run.code ? run.stderr : '' }).toEqual({ code: 0, stderr: '' });
-    const fresh = await readFile(generated, 'utf8');
-    if (UPDATE_TYPES) await writeFile(GENERATED_TYPES, fresh);
-    const committed = await readFile(GENERATED_TYPES, 'utf8').catch(() => '');
-    if (committed !== fresh) {
-      throw new Error('test/generated/openapi.d.ts does not match the API the app serves: run `npm run openapi:types` and commit the result.');
-    }
-    expect(committed).toContain('export interface paths');
-  }, CLI_TIMEOUT_MS);
+  it(
+    'is what the committed client types (test/generated/openapi.d.ts) were generated from',
+    async () => {
+      const generated = join(dir, 'openapi.d.ts');
+      const run = await runBin('openapi-typescript', [documentPath, '--output', generated]);
+      expect({ code: run.code, stderr: run.code ? run.stderr : '' }).toEqual({ code: 0, stderr: '' });
+      const fresh = await readFile(generated, 'utf8');
+      if (UPDATE_TYPES) await writeFile(GENERATED_TYPES, fresh);
+      const committed = await readFile(GENERATED_TYPES, 'utf8').catch(() => '');
+      if (committed !== fresh) {
+        throw new Error(
+          'test/generated/openapi.d.ts does not match the API the app serves: run `npm run openapi:types` and commit the result.',
+        );
+      }
+      expect(committed).toContain('export interface paths');
+    },
+    CLI_TIMEOUT_MS,
+  );
 
   describe('a typed client generated from it', () => {
     const api = () => createClient<paths>({ baseUrl: t.url, headers: { Authorization: bearer(ALICE) } });
@@ -159,7 +178,8 @@ describe('the OpenAPI document the app serves', () => {
         expect(res.response.headers.get('Content-Type')).toMatch(/^application\/problem\+json/);
         const problem = res.error;
         // The problem types of a response are a union told apart by `type`: narrowing gives the members.
-        if (problem?.type !== 'urn:idempotent-orders:problem:invalid-transition') throw new Error(`unexpected problem ${JSON.stringify(problem)}`);
+        if (problem?.type !== 'urn:idempotent-orders:problem:invalid-transition')
+          throw new Error(`unexpected problem ${JSON.stringify(problem)}`);
         const currentStatus: components['schemas']['OrderView']['status'] = problem.currentStatus;
         const allowed: components['schemas']['OrderView']['status'][] = problem.allowedTransitions;
         expect({ currentStatus, allowed }).toEqual({ currentStatus: 'created', allowed: ['paid', 'cancelled'] });
@@ -172,12 +192,16 @@ describe('the OpenAPI document the app serves', () => {
     it('reads a typed 422 when the key is reused for another request', async () => {
       const key = randomUUID();
       const first = await api().POST('/orders', { params: { header: { 'Idempotency-Key': key } }, body });
-      const other = await api().POST('/orders', { params: { header: { 'Idempotency-Key': key } }, body: { ...body, note: 'another request' } });
+      const other = await api().POST('/orders', {
+        params: { header: { 'Idempotency-Key': key } },
+        body: { ...body, note: 'another request' },
+      });
 
       expect(first.response.status).toBe(201);
       expect(other.response.status).toBe(422);
       // Compiles only while the 422's problem types include this one.
-      if (other.error?.type !== 'urn:idempotent-orders:problem:idempotency-key-reused') throw new Error(`unexpected problem ${JSON.stringify(other.error)}`);
+      if (other.error?.type !== 'urn:idempotent-orders:problem:idempotency-key-reused')
+        throw new Error(`unexpected problem ${JSON.stringify(other.error)}`);
       expect(other.error.title).toBe('Idempotency-Key is already used');
     });
   });

@@ -31,9 +31,14 @@ describe('order events outbox: one event per change, written with it', () => {
       .set('Authorization', bearer(ALICE))
       .set('Idempotency-Key', randomUUID())
       .send({ orderNumber, currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor }] });
-  const move = (id: string, action: 'cancel' | 'ship' | 'deliver') => request(t.url).post(`/orders/${id}/${action}`).set('Authorization', bearer(ALICE));
+  const move = (id: string, action: 'cancel' | 'ship' | 'deliver') =>
+    request(t.url).post(`/orders/${id}/${action}`).set('Authorization', bearer(ALICE));
   const pay = (id: string) =>
-    request(t.url).post(`/orders/${id}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send({ source: 'tok_visa' });
+    request(t.url)
+      .post(`/orders/${id}/payments`)
+      .set('Authorization', bearer(ALICE))
+      .set('Idempotency-Key', randomUUID())
+      .send({ source: 'tok_visa' });
 
   async function eventsOf(orderId: string) {
     const { rows } = await t.db.query(

@@ -65,7 +65,9 @@ describe('order lifecycle: transitions, history, optimistic locking', () => {
       expect(get.headers.etag).toBe('"2"');
       const history = await events(id);
       expect(history.status).toBe(200);
-      expect(history.body).toEqual([{ id: expect.any(String), orderId: id, fromStatus: 'created', toStatus: 'cancelled', createdAt: expect.any(String) }]);
+      expect(history.body).toEqual([
+        { id: expect.any(String), orderId: id, fromStatus: 'created', toStatus: 'cancelled', createdAt: expect.any(String) },
+      ]);
       expect(new Date(history.body[0].createdAt).toISOString()).toBe(history.body[0].createdAt);
       expect(await stored(id)).toMatchObject({ status: 'cancelled', version: 2, events: 1 });
     });
@@ -174,7 +176,12 @@ describe('order lifecycle: transitions, history, optimistic locking', () => {
     it("another client's order, or an id that cannot exist, is a 404 and is left alone", async () => {
       const id = await insertOrder();
       for (const target of [id, 'not-a-uuid', '00000000-0000-4000-8000-000000000000']) {
-        for (const res of [await move(target, 'cancel', BOB), await move(target, 'ship', BOB), await move(target, 'deliver', BOB), await events(target, BOB)]) {
+        for (const res of [
+          await move(target, 'cancel', BOB),
+          await move(target, 'ship', BOB),
+          await move(target, 'deliver', BOB),
+          await events(target, BOB),
+        ]) {
           expect(res.status).toBe(404);
           expect(res.headers['content-type']).toMatch(PROBLEM_JSON);
           expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:order-not-found', status: 404 });
@@ -192,17 +199,19 @@ describe('order lifecycle: transitions, history, optimistic locking', () => {
       expect(res.body).toEqual([]);
     });
 
-    it('accepts exactly the state machine\'s moves (ck_order_events_transition)', async () => {
+    it("accepts exactly the state machine's moves (ck_order_events_transition)", async () => {
       const id = await insertOrder();
       for (const from of ORDER_STATUSES) {
         for (const to of ORDER_STATUSES) {
-          const inserted = await t.db.query('INSERT INTO order_events (order_id, from_status, to_status) VALUES ($1, $2, $3)', [id, from, to]).then(
-            () => true,
-            (err: { code?: string; constraint?: string }) => {
-              expect(err).toMatchObject({ code: '23514', constraint: 'ck_order_events_transition' });
-              return false;
-            },
-          );
+          const inserted = await t.db
+            .query('INSERT INTO order_events (order_id, from_status, to_status) VALUES ($1, $2, $3)', [id, from, to])
+            .then(
+              () => true,
+              (err: { code?: string; constraint?: string }) => {
+                expect(err).toMatchObject({ code: '23514', constraint: 'ck_order_events_transition' });
+                return false;
+              },
+            );
           expect([from, to, inserted]).toEqual([from, to, canTransition(from, to)]);
         }
       }
@@ -289,7 +298,15 @@ describe('order lifecycle: transitions, history, optimistic locking', () => {
 
     it('refuses a bad body with 400: unknown fields, nothing to change, a null or invalid address, a long note', async () => {
       const id = await insertOrder();
-      for (const body of [{ note: 'x', status: 'paid' }, { version: 5 }, {}, { shippingAddress: null }, { shippingAddress: { ...ADDRESS, country: 'gb' } }, { note: 'x'.repeat(1001) }, { note: 5 }]) {
+      for (const body of [
+        { note: 'x', status: 'paid' },
+        { version: 5 },
+        {},
+        { shippingAddress: null },
+        { shippingAddress: { ...ADDRESS, country: 'gb' } },
+        { note: 'x'.repeat(1001) },
+        { note: 5 },
+      ]) {
         const res = await patch(id, body, '"1"');
         expect([JSON.stringify(body), res.status]).toEqual([JSON.stringify(body), 400]);
         expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:validation-failed', status: 400 });
@@ -302,7 +319,11 @@ describe('order lifecycle: transitions, history, optimistic locking', () => {
       const res = await patch(id, { note: 'x' }, '"1"');
       expect(res.status).toBe(409);
       expect(res.headers['content-type']).toMatch(PROBLEM_JSON);
-      expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:order-not-editable', currentStatus: 'shipped', editableStatuses: ['created', 'paid'] });
+      expect(res.body).toMatchObject({
+        type: 'urn:idempotent-orders:problem:order-not-editable',
+        currentStatus: 'shipped',
+        editableStatuses: ['created', 'paid'],
+      });
       expect(await stored(id)).toMatchObject({ version: 1, note: 'first note' });
     });
 

@@ -23,7 +23,11 @@ describe('orders: create, read, list', () => {
 
   // A fresh Idempotency-Key each time: these tests are about the natural key, not the dedupe table.
   const post = (body: unknown, client = ALICE) =>
-    request(t.url).post('/orders').set('Authorization', bearer(client)).set('Idempotency-Key', randomUUID()).send(body as object);
+    request(t.url)
+      .post('/orders')
+      .set('Authorization', bearer(client))
+      .set('Idempotency-Key', randomUUID())
+      .send(body as object);
 
   it('creates an order: 201, Location, ETag, server-computed total, generated number', async () => {
     const res = await post(order({ note: 'ring twice' }));
@@ -49,7 +53,9 @@ describe('orders: create, read, list', () => {
   });
 
   it('reads an order back with its ETag', async () => {
-    const created = await post(order({ shippingAddress: { name: 'Ada', line1: '1 Main St', city: 'Paris', postalCode: '75001', country: 'FR' } }));
+    const created = await post(
+      order({ shippingAddress: { name: 'Ada', line1: '1 Main St', city: 'Paris', postalCode: '75001', country: 'FR' } }),
+    );
     const res = await request(t.url).get(created.headers.location).set('Authorization', bearer(ALICE));
     expect(res.status).toBe(200);
     expect(res.headers.etag).toBe('"1"');
@@ -88,12 +94,18 @@ describe('orders: create, read, list', () => {
     // The order as it is now, edits included: the retry created nothing and changed nothing.
     expect(retried.body).toEqual(edited.body);
     // The comparison is with what the order was created from, not with what it has become.
-    for (const other of [order({ orderNumber: 'PO-EDITED', note: 'y', shippingAddress: { ...address, line1: '2 Side St' } }), { ...create, currency: 'USD' }, { ...create, note: undefined }]) {
+    for (const other of [
+      order({ orderNumber: 'PO-EDITED', note: 'y', shippingAddress: { ...address, line1: '2 Side St' } }),
+      { ...create, currency: 'USD' },
+      { ...create, note: undefined },
+    ]) {
       const res = await post(other);
       expect(res.status).toBe(409);
       expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:order-number-conflict', orderId: first.body.id });
     }
-    const { rows } = await t.db.query(`SELECT count(*)::int AS n, max(version) AS version, max(creation_digest) AS digest FROM orders WHERE order_number = 'PO-EDITED'`);
+    const { rows } = await t.db.query(
+      `SELECT count(*)::int AS n, max(version) AS version, max(creation_digest) AS digest FROM orders WHERE order_number = 'PO-EDITED'`,
+    );
     // Written by the INSERT, untouched by the PATCH.
     expect(rows[0]).toEqual({ n: 1, version: 2, digest: creationDigest(create) });
   });
@@ -112,7 +124,7 @@ describe('orders: create, read, list', () => {
     expect(rows[0].n).toBe(1);
   });
 
-  it('order numbers are per client: bob may use alice\'s number', async () => {
+  it("order numbers are per client: bob may use alice's number", async () => {
     const a = await post(order({ orderNumber: 'SHARED-1' }), ALICE);
     const b = await post(order({ orderNumber: 'SHARED-1', currency: 'GBP' }), BOB);
     expect([a.status, b.status]).toEqual([201, 201]);
@@ -169,7 +181,9 @@ describe('orders: keyset pagination', () => {
       `INSERT INTO orders (client_id, order_number, currency, total_minor)
        SELECT 'alice', 'P-' || g, 'EUR', g FROM generate_series(1, 45) g`,
     );
-    await t.db.query(`INSERT INTO orders (client_id, order_number, currency, total_minor, status) VALUES ('alice', 'P-late', 'EUR', 1, 'cancelled')`);
+    await t.db.query(
+      `INSERT INTO orders (client_id, order_number, currency, total_minor, status) VALUES ('alice', 'P-late', 'EUR', 1, 'cancelled')`,
+    );
     const seen: string[] = [];
     let cursor: string | null = null;
     let pages = 0;
@@ -196,14 +210,21 @@ describe('orders: keyset pagination', () => {
   });
 
   it('refuses a bad limit, status or cursor with 400 problems', async () => {
-    for (const query of ['?limit=0', '?limit=101', '?limit=abc', '?status=lost', '?cursor=garbage', `?cursor=${Buffer.from('["x","y"]').toString('base64url')}`]) {
+    for (const query of [
+      '?limit=0',
+      '?limit=101',
+      '?limit=abc',
+      '?status=lost',
+      '?cursor=garbage',
+      `?cursor=${Buffer.from('["x","y"]').toString('base64url')}`,
+    ]) {
       const res = await list(query);
       expect(res.status).toBe(400);
       expect(res.headers['content-type']).toMatch(/^application\/problem\+json/);
     }
   });
 
-  it('shows bob none of alice\'s orders', async () => {
+  it("shows bob none of alice's orders", async () => {
     const res = await list('', BOB);
     expect(res.body).toEqual({ items: [], nextCursor: null });
   });

@@ -86,48 +86,58 @@ describe('payments across processes: SIGKILL mid-flight, two instances on one da
     expect((await ledger(url, orderId)).filter((c) => c.status === 'succeeded')).toHaveLength(1);
   }
 
-  it('SIGKILL while charges are recorded but unanswered: after a restart every key resumes to exactly one charge per order', async () => {
-    const first = await start();
-    const orders = await Promise.all(Array.from({ length: 6 }, () => createOrder(first.url)));
-    const sources = orders.map((_, i) => (i % 2 === 0 ? 'tok_lost' : 'tok_timeout'));
-    const keys = orders.map(() => randomUUID());
-    // In flight when the process dies: their answers are lost with it.
-    const inFlight = orders.map((orderId, i) => pay(first.url, orderId, sources[i], keys[i]).then(
-      (res) => res.status,
-      () => 'cut off',
-    ));
-    // The provider has recorded every charge: the moment a crash leaves "charged, not recorded by us".
-    const deadline = Date.now() + DEADLINE_MS;
-    for (const orderId of orders) {
-      while ((await ledger(first.url, orderId)).length === 0) {
-        if (Date.now() > deadline) throw new Error('the provider never recorded the charges');
-        await sleep(50);
+  it(
+    'SIGKILL while charges are recorded but unanswered: after a restart every key resumes to exactly one charge per order',
+    async () => {
+      const first = await start();
+      const orders = await Promise.all(Array.from({ length: 6 }, () => createOrder(first.url)));
+      const sources = orders.map((_, i) => (i % 2 === 0 ? 'tok_lost' : 'tok_timeout'));
+      const keys = orders.map(() => randomUUID());
+      // In flight when the process dies: their answers are lost with it.
+      const inFlight = orders.map((orderId, i) =>
+        pay(first.url, orderId, sources[i], keys[i]).then(
+          (res) => res.status,
+          () => 'cut off',
+        ),
+      );
+      // The provider has recorded every charge: the moment a crash leaves "charged, not recorded by us".
+      const deadline = Date.now() + DEADLINE_MS;
+      for (const orderId of orders) {
+        while ((await ledger(first.url, orderId)).length === 0) {
+          if (Date.now() > deadline) throw new Error('the provider never recorded the charges');
+          await sleep(50);
+        }
       }
-    }
-    await first.kill('SIGKILL');
-    await Promise.all(inFlight);
+      await first.kill('SIGKILL');
+      await Promise.all(inFlight);
 
-    const second = await start();
-    const answers = await Promise.all(orders.map((orderId, i) => payUntilFinal(second.url, orderId, sources[i], keys[i])));
-    for (const [i, res] of answers.entries()) {
-      expect(res.status).toBe(201);
-      await expectPaidOnce(second.url, orders[i], res.body.id);
-    }
-    const { rows } = await db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`);
-    expect(rows[0].n).toBe(0);
-  }, PROCESS_TEST_TIMEOUT_MS);
+      const second = await start();
+      const answers = await Promise.all(orders.map((orderId, i) => payUntilFinal(second.url, orderId, sources[i], keys[i])));
+      for (const [i, res] of answers.entries()) {
+        expect(res.status).toBe(201);
+        await expectPaidOnce(second.url, orders[i], res.body.id);
+      }
+      const { rows } = await db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`);
+      expect(rows[0].n).toBe(0);
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 
-  it('two instances, one key sent to both at once: one charge, and both answer with the same payment', async () => {
-    const [a, b] = await Promise.all([start(), start()]);
-    const orderId = await createOrder(a.url);
-    const key = randomUUID();
-    const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => pay(i % 2 ? a.url : b.url, orderId, 'tok_slow', key)));
-    // 409 while another copy holds the lease; 503 payment-pending when a provider attempt timed out on a loaded machine.
-    for (const res of answers) expect([201, 409, 503]).toContain(res.status);
-    const final = await payUntilFinal(a.url, orderId, 'tok_slow', key);
-    const viaB = await payUntilFinal(b.url, orderId, 'tok_slow', key);
-    expect(final.status).toBe(201);
-    expect(viaB.text).toBe(final.text);
-    await expectPaidOnce(a.url, orderId, final.body.id);
-  }, PROCESS_TEST_TIMEOUT_MS);
+  it(
+    'two instances, one key sent to both at once: one charge, and both answer with the same payment',
+    async () => {
+      const [a, b] = await Promise.all([start(), start()]);
+      const orderId = await createOrder(a.url);
+      const key = randomUUID();
+      const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => pay(i % 2 ? a.url : b.url, orderId, 'tok_slow', key)));
+      // 409 while another copy holds the lease; 503 payment-pending when a provider attempt timed out on a loaded machine.
+      for (const res of answers) expect([201, 409, 503]).toContain(res.status);
+      const final = await payUntilFinal(a.url, orderId, 'tok_slow', key);
+      const viaB = await payUntilFinal(b.url, orderId, 'tok_slow', key);
+      expect(final.status).toBe(201);
+      expect(viaB.text).toBe(final.text);
+      await expectPaidOnce(a.url, orderId, final.body.id);
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 });

@@ -73,7 +73,9 @@ describe('payments settled by the provider’s own webhooks (reconciler off)', (
       const key = randomUUID();
       const lost = await pay(t, orderId, 'tok_lost', key);
       expect(lost.status).toBe(503);
-      await until('the webhook to settle the payment', async () => ((await paymentStatus(t.db, lost.body.paymentId)) === 'succeeded' ? true : undefined));
+      await until('the webhook to settle the payment', async () =>
+        (await paymentStatus(t.db, lost.body.paymentId)) === 'succeeded' ? true : undefined,
+      );
       const replay = await pay(t, orderId, 'tok_lost', key);
       expect(replay.status).toBe(201);
       expect(replay.headers['idempotent-replayed']).toBe('true');
@@ -115,7 +117,10 @@ describe('payments settled by the provider’s own webhooks (reconciler off)', (
     let second: TestApp | undefined;
     try {
       // The first app delivers to a port where nothing listens: every delivery fails and stays queued.
-      first = await startTestApp({ ...WEBHOOK_ENV, PSP_WEBHOOK_URL: `http://127.0.0.1:${await freePort()}/webhooks/psp` }, { databaseUrl: database.url });
+      first = await startTestApp(
+        { ...WEBHOOK_ENV, PSP_WEBHOOK_URL: `http://127.0.0.1:${await freePort()}/webhooks/psp` },
+        { databaseUrl: database.url },
+      );
       const orderId = await createOrder(first);
       const key = randomUUID();
       const lost = await pay(first, orderId, 'tok_lost', key);
@@ -130,7 +135,9 @@ describe('payments settled by the provider’s own webhooks (reconciler off)', (
 
       // The same database, now with a service that receives its own webhooks.
       second = await startTestApp(WEBHOOK_ENV, { databaseUrl: database.url });
-      await until('the queued event to settle the payment', async () => ((await paymentStatus(db, lost.body.paymentId)) === 'succeeded' ? true : undefined));
+      await until('the queued event to settle the payment', async () =>
+        (await paymentStatus(db, lost.body.paymentId)) === 'succeeded' ? true : undefined,
+      );
       const replay = await pay(second, orderId, 'tok_lost', key);
       expect(replay.status).toBe(201);
       expect(replay.body.id).toBe(lost.body.paymentId);

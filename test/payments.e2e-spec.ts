@@ -57,8 +57,12 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
     return res.body.items;
   }
 
-  async function paymentsOf(orderId: string): Promise<{ id: string; status: string; failure_code: string | null; refunded_minor: string }[]> {
-    return (await t.db.query(`SELECT id, status, failure_code, refunded_minor FROM payments WHERE order_id = $1 ORDER BY created_at`, [orderId])).rows;
+  async function paymentsOf(
+    orderId: string,
+  ): Promise<{ id: string; status: string; failure_code: string | null; refunded_minor: string }[]> {
+    return (
+      await t.db.query(`SELECT id, status, failure_code, refunded_minor FROM payments WHERE order_id = $1 ORDER BY created_at`, [orderId])
+    ).rows;
   }
 
   async function orderState(orderId: string): Promise<{ status: string; paid_events: number; refunded_events: number }> {
@@ -116,7 +120,15 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       const res = await pay(orderId, 'tok_visa');
       expect(res.status).toBe(201);
       expect(res.headers.location).toBe(`/payments/${res.body.id}`);
-      expect(res.body).toMatchObject({ orderId, status: 'succeeded', amountMinor: 2500, currency: 'EUR', provider: 'sandbox', refundedMinor: 0, failureCode: null });
+      expect(res.body).toMatchObject({
+        orderId,
+        status: 'succeeded',
+        amountMinor: 2500,
+        currency: 'EUR',
+        provider: 'sandbox',
+        refundedMinor: 0,
+        failureCode: null,
+      });
       expect(res.body.providerTransactionId).toMatch(/^ch_/);
       const get = await request(t.url).get(`/payments/${res.body.id}`).set('Authorization', bearer(ALICE));
       expect(get.status).toBe(200);
@@ -149,7 +161,9 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       for (const r of answers.filter((a) => a.status !== 201)) {
         // On a loaded machine the provider call itself can time out: 503 payment-pending, the key retried below.
         expect([409, 503]).toContain(r.status);
-        expect(['urn:idempotent-orders:problem:idempotency-key-in-use', 'urn:idempotent-orders:problem:payment-pending']).toContain(r.body.type);
+        expect(['urn:idempotent-orders:problem:idempotency-key-in-use', 'urn:idempotent-orders:problem:payment-pending']).toContain(
+          r.body.type,
+        );
         expect(Number(r.headers['retry-after'])).toBeGreaterThanOrEqual(1);
       }
       const final = await untilFinal(() => pay(orderId, 'tok_visa', key));
@@ -166,7 +180,9 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(answers.filter((r) => r.status === 201)).toHaveLength(1);
       for (const r of answers.filter((a) => a.status !== 201)) {
         expect(r.status).toBe(409);
-        expect(['urn:idempotent-orders:problem:payment-in-progress', 'urn:idempotent-orders:problem:order-not-payable']).toContain(r.body.type);
+        expect(['urn:idempotent-orders:problem:payment-in-progress', 'urn:idempotent-orders:problem:order-not-payable']).toContain(
+          r.body.type,
+        );
       }
       expect((await paymentsOf(orderId)).filter((p) => p.status !== 'failed')).toHaveLength(1);
       expect(await charges(orderId)).toHaveLength(1);
@@ -179,7 +195,11 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       const declined = await pay(orderId, 'tok_chargeDeclined', key);
       expect(declined.status).toBe(402);
       expect(declined.headers['content-type']).toMatch(PROBLEM_JSON);
-      expect(declined.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-declined', failureCode: 'card_declined', paymentId: expect.any(String) });
+      expect(declined.body).toMatchObject({
+        type: 'urn:idempotent-orders:problem:payment-declined',
+        failureCode: 'card_declined',
+        paymentId: expect.any(String),
+      });
       const again = await pay(orderId, 'tok_chargeDeclined', key);
       expect(again.status).toBe(402);
       expect(again.text).toBe(declined.text);
@@ -236,7 +256,9 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       // A pending payment that someone is still deciding blocks a cancel: the charge may have gone through (it did).
       // (Its key held as a request in flight holds it; one past its lease is settled first, see "a cancel that finds…".)
       const keyOf = `SELECT idempotency_key_id FROM payments WHERE id = $1`;
-      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() + interval '1 minute' WHERE id = (${keyOf})`, [lost.body.paymentId]);
+      await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() + interval '1 minute' WHERE id = (${keyOf})`, [
+        lost.body.paymentId,
+      ]);
       const refused = await cancel(orderId);
       expect(refused.status).toBe(409);
       expect(refused.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-in-progress', paymentId: lost.body.paymentId });
@@ -275,7 +297,11 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(await paymentsOf(orderId)).toMatchObject([{ status: 'failed', failure_code: 'provider_unreachable' }]);
       const retried = await pay(orderId, 'tok_unavailable', key);
       expect(retried.status).toBe(402);
-      expect(retried.body).toMatchObject({ type: 'urn:idempotent-orders:problem:payment-declined', failureCode: 'provider_unreachable', paymentId: res.body.paymentId });
+      expect(retried.body).toMatchObject({
+        type: 'urn:idempotent-orders:problem:payment-declined',
+        failureCode: 'provider_unreachable',
+        paymentId: res.body.paymentId,
+      });
       expect(await charges(orderId)).toHaveLength(0);
       expect(await orderState(orderId)).toMatchObject({ status: 'created' });
       // Failed: the order may be paid again with a new key.
@@ -299,7 +325,15 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
     await t.db.query(`UPDATE idempotency_keys SET locked_until = clock_timestamp() - interval '1 second' WHERE id = $1`, [keyId]);
     const fresh = await phases.takeOverLease(keyId);
     expect(fresh?.leaseToken).not.toBe(slow!.leaseToken);
-    return { orderId, paymentId: lost.body.paymentId as string, keyId, slow: slow!, fresh: fresh!, phases, settlement: t.app.get(PaymentSettlement) };
+    return {
+      orderId,
+      paymentId: lost.body.paymentId as string,
+      keyId,
+      slow: slow!,
+      fresh: fresh!,
+      phases,
+      settlement: t.app.get(PaymentSettlement),
+    };
   }
 
   describe("the provider's confirmation is never dropped", () => {
@@ -321,10 +355,14 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(await reconcile()).toBeGreaterThanOrEqual(1);
       const paymentId = unreachable.body.paymentId as string;
       expect(await paymentsOf(orderId)).toMatchObject([{ status: 'failed', failure_code: 'provider_unreachable' }]);
-      const { rows: watched } = await t.db.query(`SELECT recheck_at IS NOT NULL AS watched FROM provider_attempts WHERE subject_id = $1`, [paymentId]);
+      const { rows: watched } = await t.db.query(`SELECT recheck_at IS NOT NULL AS watched FROM provider_attempts WHERE subject_id = $1`, [
+        paymentId,
+      ]);
       expect(watched).toEqual([{ watched: true }]);
       // A settler that learnt of a charge the provider made after all (its id is all the refund needs here).
-      const settled = await t.app.get(PaymentSettlement).settlePayment(paymentId, { status: 'succeeded', providerId: `ch_late_${randomUUID()}` });
+      const settled = await t.app
+        .get(PaymentSettlement)
+        .settlePayment(paymentId, { status: 'succeeded', providerId: `ch_late_${randomUUID()}` });
       expect(settled).toMatchObject({ kind: 'answered', changed: false, response: { status: 402 } });
       const { rows: late } = await t.db.query(`SELECT charge_id FROM late_charge_refunds WHERE payment_id = $1`, [paymentId]);
       expect(late).toHaveLength(1);
@@ -414,7 +452,10 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
         expect(r.status).toBe(422);
         expect(r.body.type).toBe('urn:idempotent-orders:problem:refund-exceeds-payment');
       }
-      const { rows } = await t.db.query(`SELECT coalesce(sum(amount_minor), 0)::int AS refunded FROM refunds WHERE payment_id = $1 AND status = 'succeeded'`, [paymentId]);
+      const { rows } = await t.db.query(
+        `SELECT coalesce(sum(amount_minor), 0)::int AS refunded FROM refunds WHERE payment_id = $1 AND status = 'succeeded'`,
+        [paymentId],
+      );
       expect(rows[0].refunded).toBe(900);
       expect(await paymentsOf(orderId)).toMatchObject([{ refunded_minor: '900' }]);
       expect(await orderState(orderId)).toMatchObject({ status: 'cancelled', refunded_events: 0 });
@@ -438,7 +479,9 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       const again = await refund(paymentId, {}, key);
       expect(again.text).toBe(first.text);
       expect(again.headers['idempotent-replayed']).toBe('true');
-      const ledger = await request(t.url).get('/psp/refunds').query({ chargeId: (await charges(orderId))[0].id });
+      const ledger = await request(t.url)
+        .get('/psp/refunds')
+        .query({ chargeId: (await charges(orderId))[0].id });
       expect(ledger.body.items).toHaveLength(1);
       expect(await orderState(orderId)).toMatchObject({ status: 'refunded', refunded_events: 1 });
     });
@@ -468,11 +511,18 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
   describe('bad input: a clear problem, nothing charged', () => {
     it('missing key, empty body, unknown fields, bad source: 400 and no payment', async () => {
       const orderId = await createOrder();
-      const noKey = await request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).send({ source: 'tok_visa' });
+      const noKey = await request(t.url)
+        .post(`/orders/${orderId}/payments`)
+        .set('Authorization', bearer(ALICE))
+        .send({ source: 'tok_visa' });
       expect(noKey.status).toBe(400);
       expect(noKey.body.type).toBe('urn:idempotent-orders:problem:idempotency-key-missing');
       for (const body of [{}, { source: 'tok_visa', amountMinor: 1 }, { source: 42 }, { source: 'tok visa' }]) {
-        const res = await request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send(body);
+        const res = await request(t.url)
+          .post(`/orders/${orderId}/payments`)
+          .set('Authorization', bearer(ALICE))
+          .set('Idempotency-Key', randomUUID())
+          .send(body);
         expect(res.status).toBe(400);
         expect(res.headers['content-type']).toMatch(PROBLEM_JSON);
       }

@@ -73,7 +73,14 @@ class StubProvider {
     const chunks: Buffer[] = [];
     req.on('data', (chunk: Buffer) => chunks.push(chunk));
     req.on('end', () => {
-      const record: Recorded = { method: req.method ?? '', url: req.url ?? '', headers: req.headers, body: Buffer.concat(chunks).toString(), at: Date.now(), abandoned: false };
+      const record: Recorded = {
+        method: req.method ?? '',
+        url: req.url ?? '',
+        headers: req.headers,
+        body: Buffer.concat(chunks).toString(),
+        at: Date.now(),
+        abandoned: false,
+      };
       const n = this.requests.push(record);
       this.unanswered.add(res);
       res.on('close', () => {
@@ -98,14 +105,24 @@ function chargeRequest(source = 'tok_visa'): ChargeRequest {
 
 function chargeRecord(body: string, status: 'succeeded' | 'failed' = 'succeeded') {
   const request = JSON.parse(body) as ChargeRequest;
-  return { id: `ch_${randomUUID()}`, status, ...request, failureCode: status === 'failed' ? 'card_declined' : null, createdAt: new Date().toISOString() };
+  return {
+    id: `ch_${randomUUID()}`,
+    status,
+    ...request,
+    failureCode: status === 'failed' ? 'card_declined' : null,
+    createdAt: new Date().toISOString(),
+  };
 }
 
 type ChargeRecord = ReturnType<typeof chargeRecord>;
 
 /** A charge for `paymentId` of 1250 EUR as a lookup returns it, optionally altered. */
 function chargeItem(paymentId: string, alter: (c: ChargeRecord) => unknown = (c) => c): unknown {
-  return alter(chargeRecord(JSON.stringify({ amountMinor: 1250, currency: 'EUR', source: 'tok_visa', metadata: { orderId: randomUUID(), paymentId } })));
+  return alter(
+    chargeRecord(
+      JSON.stringify({ amountMinor: 1250, currency: 'EUR', source: 'tok_visa', metadata: { orderId: randomUUID(), paymentId } }),
+    ),
+  );
 }
 
 function refundRequest(): RefundRequest {
@@ -237,12 +254,16 @@ describe('PspClient writes', () => {
     expect(stub.keys()).toEqual([key, key, key]);
     expect(new Set(stub.requests.map((r) => r.body)).size).toBe(1);
     expect(JSON.parse(stub.requests[0].body)).toEqual(body);
-    expect(stub.requests.every((r) => r.method === 'POST' && r.url === '/psp/charges' && r.headers['content-type'] === 'application/json')).toBe(true);
+    expect(
+      stub.requests.every((r) => r.method === 'POST' && r.url === '/psp/charges' && r.headers['content-type'] === 'application/json'),
+    ).toBe(true);
   });
 
   it('posts a refund to /refunds and maps its 201', async () => {
     const refund = { chargeId: 'ch_1', amountMinor: 500, metadata: { refundId: randomUUID(), paymentId: randomUUID() } };
-    stub.script((_req, res) => reply(res, 201, { id: 're_1', status: 'succeeded', failureCode: null, createdAt: new Date().toISOString(), ...refund }));
+    stub.script((_req, res) =>
+      reply(res, 201, { id: 're_1', status: 'succeeded', failureCode: null, createdAt: new Date().toISOString(), ...refund }),
+    );
     const key = outboundKey();
 
     const result = await client().createRefund(refund, key, farDeadline());
@@ -280,7 +301,9 @@ describe('PspClient writes', () => {
   });
 
   it('retries 409 and 429 like 5xx', async () => {
-    stub.script((req, res, n) => (n === 1 ? reply(res, 409, problem(409, 'in flight')) : n === 2 ? reply(res, 429, problem(429, 'slow down')) : succeed(req, res, n)));
+    stub.script((req, res, n) =>
+      n === 1 ? reply(res, 409, problem(409, 'in flight')) : n === 2 ? reply(res, 429, problem(429, 'slow down')) : succeed(req, res, n),
+    );
 
     const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
 
@@ -328,7 +351,9 @@ describe('PspClient writes', () => {
     expect(result.kind).toBe('unknown');
     expect(result.kind === 'unknown' && result.reason.startsWith(`the answer does not match the request: ${disagreement}`)).toBe(true);
     expect(stub.requests).toHaveLength(1);
-    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', outboundKey: key, alert: true }) })]);
+    expect(alerts()).toEqual([
+      expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', outboundKey: key, alert: true }) }),
+    ]);
     expect(await metricValue('psp_calls_total', { operation: 'charge', outcome: 'unknown' })).toBe(1);
     expect(await metricValue('psp_calls_total', { operation: 'charge', outcome: 'succeeded' })).toBe(0);
   });
@@ -347,19 +372,24 @@ describe('PspClient writes', () => {
     ['amountMinor', (r) => ({ ...r, amountMinor: 400 }), 'amountMinor 400 ≠ ours 500'],
     ['chargeId', (r) => ({ ...r, chargeId: 'ch_other' }), 'chargeId ch_other ≠ ours ch_'],
     ['metadata.refundId', (r) => ({ ...r, metadata: { ...r.metadata, refundId: 'ref_other' } }), 'metadata.refundId ref_other ≠ ours '],
-  ])('calls a refund 201 with another %s than asked for unknown, raises an alert, and does not retry', async (_field, alter, disagreement) => {
-    stub.script((req, res) => reply(res, 201, alter(refundRecord(lastBody(req)))));
-    const key = outboundKey();
+  ])(
+    'calls a refund 201 with another %s than asked for unknown, raises an alert, and does not retry',
+    async (_field, alter, disagreement) => {
+      stub.script((req, res) => reply(res, 201, alter(refundRecord(lastBody(req)))));
+      const key = outboundKey();
 
-    const result = await client().createRefund(refundRequest(), key, farDeadline());
+      const result = await client().createRefund(refundRequest(), key, farDeadline());
 
-    expect(result.kind).toBe('unknown');
-    expect(result.kind === 'unknown' && result.reason.startsWith(`the answer does not match the request: ${disagreement}`)).toBe(true);
-    expect(stub.requests).toHaveLength(1);
-    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'refund', outboundKey: key, alert: true }) })]);
-    expect(await metricValue('psp_calls_total', { operation: 'refund', outcome: 'unknown' })).toBe(1);
-    expect(await metricValue('psp_calls_total', { operation: 'refund', outcome: 'succeeded' })).toBe(0);
-  });
+      expect(result.kind).toBe('unknown');
+      expect(result.kind === 'unknown' && result.reason.startsWith(`the answer does not match the request: ${disagreement}`)).toBe(true);
+      expect(stub.requests).toHaveLength(1);
+      expect(alerts()).toEqual([
+        expect.objectContaining({ fields: expect.objectContaining({ operation: 'refund', outboundKey: key, alert: true }) }),
+      ]);
+      expect(await metricValue('psp_calls_total', { operation: 'refund', outcome: 'unknown' })).toBe(1);
+      expect(await metricValue('psp_calls_total', { operation: 'refund', outcome: 'succeeded' })).toBe(0);
+    },
+  );
 
   it('reads a 201 of exactly MAX_RESPONSE_BYTES', async () => {
     stub.script((req, res) => replyRaw(res, 201, paddedChargeRecord(lastBody(req), MAX_RESPONSE_BYTES)));
@@ -478,7 +508,9 @@ describe('PspClient writes', () => {
 
     expect(monotonicNow()).toBeLessThan(deadline);
     expect(result.kind).toBe('unknown');
-    expect(result.kind === 'unknown' && result.reason).toMatch(/^Retry-After of (29|30) s would end after the deadline; last of 1 attempt: HTTP 503$/);
+    expect(result.kind === 'unknown' && result.reason).toMatch(
+      /^Retry-After of (29|30) s would end after the deadline; last of 1 attempt: HTTP 503$/,
+    );
     expect(stub.requests).toHaveLength(1);
   });
 
@@ -499,7 +531,9 @@ describe('PspClient writes', () => {
     const result = await psp.createCharge(chargeRequest(), outboundKey(), monotonicNow() + 400);
 
     expect(result.kind).toBe('unknown');
-    expect(result.kind === 'unknown' && result.reason).toMatch(/^the deadline leaves no time for another attempt; last of [12] attempts?: timeout/);
+    expect(result.kind === 'unknown' && result.reason).toMatch(
+      /^the deadline leaves no time for another attempt; last of [12] attempts?: timeout/,
+    );
     const attempts = await metricValue('psp_attempts_total', { operation: 'charge', result: 'timeout' });
     expect(attempts).toBeGreaterThanOrEqual(1);
     expect(attempts).toBeLessThanOrEqual(2);
@@ -529,7 +563,11 @@ describe('PspClient circuit breakers', () => {
     expect(result.kind).toBe('breaker-open');
     expect(result.kind === 'breaker-open' && result.retryAfterSeconds).toBeGreaterThanOrEqual(55);
     // Refunds share the charges breaker.
-    const refund = await psp.createRefund({ chargeId: 'ch_1', amountMinor: 1, metadata: { refundId: randomUUID(), paymentId: randomUUID() } }, outboundKey(), farDeadline());
+    const refund = await psp.createRefund(
+      { chargeId: 'ch_1', amountMinor: 1, metadata: { refundId: randomUUID(), paymentId: randomUUID() } },
+      outboundKey(),
+      farDeadline(),
+    );
     expect(refund.kind).toBe('breaker-open');
     expect(stub.requests).toHaveLength(6);
     expect(await metricValue('psp_breaker_state', { breaker: 'charges' })).toBe(2);
@@ -628,7 +666,9 @@ describe('PspClient lookups', () => {
     const psp = client();
 
     await expect(psp.findChargesByPayment(paymentId, anyCharge)).resolves.toEqual([]);
-    expect(stub.requests.map((r) => [r.method, r.url, r.headers['idempotency-key']])).toEqual([['GET', `/psp/charges?paymentId=${paymentId}`, undefined]]);
+    expect(stub.requests.map((r) => [r.method, r.url, r.headers['idempotency-key']])).toEqual([
+      ['GET', `/psp/charges?paymentId=${paymentId}`, undefined],
+    ]);
 
     // Records that match what we expect are returned, all of them.
     const charges = [chargeItem(paymentId), chargeItem(paymentId, (c) => ({ ...c, status: 'failed', failureCode: 'card_declined' }))];
@@ -636,7 +676,15 @@ describe('PspClient lookups', () => {
     await expect(psp.findChargesByPayment(paymentId, { amountMinor: 1250, currency: 'EUR' })).resolves.toEqual(charges);
 
     const refundId = randomUUID();
-    const refund = { id: 're_1', status: 'succeeded', chargeId: 'ch_1', amountMinor: 5, failureCode: null, metadata: { refundId, paymentId }, createdAt: new Date().toISOString() };
+    const refund = {
+      id: 're_1',
+      status: 'succeeded',
+      chargeId: 'ch_1',
+      amountMinor: 5,
+      failureCode: null,
+      metadata: { refundId, paymentId },
+      createdAt: new Date().toISOString(),
+    };
     stub.script((_req, res) => reply(res, 200, { items: [refund] }));
     await expect(psp.findRefundsByRefund(refundId, { paymentId, amountMinor: 5 })).resolves.toEqual([refund]);
     expect(stub.requests[0].url).toBe(`/psp/refunds?refundId=${refundId}`);
@@ -664,7 +712,9 @@ describe('PspClient lookups', () => {
   it('throws PspUnreachableError when every attempt times out', async () => {
     stub.script(hang);
 
-    const error = await client({ timeoutMs: 150, maxAttempts: 2 }).findRefundsByRefund(randomUUID(), anyRefund()).catch((e: unknown) => e);
+    const error = await client({ timeoutMs: 150, maxAttempts: 2 })
+      .findRefundsByRefund(randomUUID(), anyRefund())
+      .catch((e: unknown) => e);
 
     expect(error).toBeInstanceOf(PspUnreachableError);
     expect((error as PspUnreachableError).reason).toBe('timeout: no complete answer within 150 ms after 2 attempts');
@@ -679,7 +729,9 @@ describe('PspClient lookups', () => {
   it('stops reading a lookup answer at MAX_RESPONSE_BYTES and throws PspUnreachableError, after every attempt', async () => {
     stub.script((_req, res) => streamEndlessly(res, 200, 4 * MAX_RESPONSE_BYTES));
 
-    const error = await client({ maxAttempts: 2 }).findChargesByPayment(randomUUID(), anyCharge).catch((e: unknown) => e);
+    const error = await client({ maxAttempts: 2 })
+      .findChargesByPayment(randomUUID(), anyCharge)
+      .catch((e: unknown) => e);
 
     expect(error).toBeInstanceOf(PspUnreachableError);
     expect((error as PspUnreachableError).reason).toBe(`network: the answer's body is over ${MAX_RESPONSE_BYTES} bytes after 2 attempts`);
@@ -687,20 +739,29 @@ describe('PspClient lookups', () => {
     expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'unreachable' })).toBe(1);
   });
 
-  it.each([400, 404, 422])('throws PspUnreachableError for a lookup refused with %i, never [], with an alert and without retrying', async (status) => {
-    // Even with a body that reads as an empty list: a refusal is no answer.
-    stub.script((_req, res) => reply(res, status, { ...problem(status, 'no'), items: [] }));
-    const paymentId = randomUUID();
+  it.each([400, 404, 422])(
+    'throws PspUnreachableError for a lookup refused with %i, never [], with an alert and without retrying',
+    async (status) => {
+      // Even with a body that reads as an empty list: a refusal is no answer.
+      stub.script((_req, res) => reply(res, status, { ...problem(status, 'no'), items: [] }));
+      const paymentId = randomUUID();
 
-    const error = await client().findChargesByPayment(paymentId, anyCharge).catch((e: unknown) => e);
+      const error = await client()
+        .findChargesByPayment(paymentId, anyCharge)
+        .catch((e: unknown) => e);
 
-    expect(error).toBeInstanceOf(PspUnreachableError);
-    expect((error as PspUnreachableError).reason).toBe(`the provider refused the lookup (HTTP ${status})`);
-    expect(stub.requests).toHaveLength(1);
-    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'lookup-charges', query: { paymentId }, status, alert: true }) })]);
-    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'refused' })).toBe(1);
-    expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'ok' })).toBe(0);
-  });
+      expect(error).toBeInstanceOf(PspUnreachableError);
+      expect((error as PspUnreachableError).reason).toBe(`the provider refused the lookup (HTTP ${status})`);
+      expect(stub.requests).toHaveLength(1);
+      expect(alerts()).toEqual([
+        expect.objectContaining({
+          fields: expect.objectContaining({ operation: 'lookup-charges', query: { paymentId }, status, alert: true }),
+        }),
+      ]);
+      expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'refused' })).toBe(1);
+      expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'ok' })).toBe(0);
+    },
+  );
 
   it('throws PspUnreachableError for a refused refund lookup as well', async () => {
     stub.script((_req, res) => reply(res, 404, problem(404, 'no such route')));
@@ -715,31 +776,57 @@ describe('PspClient lookups', () => {
     ['another metadata.paymentId', () => [chargeItem('pay_other')], 'metadata.paymentId pay_other ≠ ours '],
     ['another amountMinor', (id) => [chargeItem(id, (c) => ({ ...c, amountMinor: 1200 }))], 'amountMinor 1200 ≠ ours 1250'],
     ['another currency', (id) => [chargeItem(id, (c) => ({ ...c, currency: 'GBP' }))], 'currency GBP ≠ ours EUR'],
-    ['a second item with another amountMinor', (id) => [chargeItem(id), chargeItem(id, (c) => ({ ...c, amountMinor: 1 }))], 'amountMinor 1 ≠ ours 1250'],
+    [
+      'a second item with another amountMinor',
+      (id) => [chargeItem(id), chargeItem(id, (c) => ({ ...c, amountMinor: 1 }))],
+      'amountMinor 1 ≠ ours 1250',
+    ],
   ])('throws PspUnreachableError for a charge lookup answered with %s, with an alert', async (_case, items, disagreement) => {
     const paymentId = randomUUID();
     stub.script((_req, res) => reply(res, 200, { items: items(paymentId) }));
 
-    const error = await client().findChargesByPayment(paymentId, { amountMinor: 1250, currency: 'EUR' }).catch((e: unknown) => e);
+    const error = await client()
+      .findChargesByPayment(paymentId, { amountMinor: 1250, currency: 'EUR' })
+      .catch((e: unknown) => e);
 
     expect(error).toBeInstanceOf(PspUnreachableError);
     expect((error as PspUnreachableError).reason.startsWith(`the answer does not match: ${disagreement}`)).toBe(true);
     expect(stub.requests).toHaveLength(1);
-    expect(alerts()).toEqual([expect.objectContaining({ fields: expect.objectContaining({ operation: 'lookup-charges', query: { paymentId }, alert: true }) })]);
+    expect(alerts()).toEqual([
+      expect.objectContaining({ fields: expect.objectContaining({ operation: 'lookup-charges', query: { paymentId }, alert: true }) }),
+    ]);
     expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'unknown' })).toBe(1);
     expect(await metricValue('psp_calls_total', { operation: 'lookup-charges', outcome: 'ok' })).toBe(0);
   });
 
   it.each<[string, (r: Record<string, unknown> & { metadata: Record<string, string> }) => unknown, string]>([
-    ['another metadata.paymentId', (r) => ({ ...r, metadata: { ...r.metadata, paymentId: 'pay_other' } }), 'metadata.paymentId pay_other ≠ ours '],
+    [
+      'another metadata.paymentId',
+      (r) => ({ ...r, metadata: { ...r.metadata, paymentId: 'pay_other' } }),
+      'metadata.paymentId pay_other ≠ ours ',
+    ],
     ['another amountMinor', (r) => ({ ...r, amountMinor: 4 }), 'amountMinor 4 ≠ ours 5'],
-    ['another metadata.refundId', (r) => ({ ...r, metadata: { ...r.metadata, refundId: 'ref_other' } }), 'metadata.refundId ref_other ≠ ours '],
+    [
+      'another metadata.refundId',
+      (r) => ({ ...r, metadata: { ...r.metadata, refundId: 'ref_other' } }),
+      'metadata.refundId ref_other ≠ ours ',
+    ],
   ])('throws PspUnreachableError for a refund lookup answered with %s, with an alert', async (_case, alter, disagreement) => {
     const [refundId, paymentId] = [randomUUID(), randomUUID()];
-    const refund = { id: 're_1', status: 'succeeded', chargeId: 'ch_1', amountMinor: 5, failureCode: null, metadata: { refundId, paymentId }, createdAt: new Date().toISOString() };
+    const refund = {
+      id: 're_1',
+      status: 'succeeded',
+      chargeId: 'ch_1',
+      amountMinor: 5,
+      failureCode: null,
+      metadata: { refundId, paymentId },
+      createdAt: new Date().toISOString(),
+    };
     stub.script((_req, res) => reply(res, 200, { items: [alter(refund)] }));
 
-    const error = await client().findRefundsByRefund(refundId, { paymentId, amountMinor: 5 }).catch((e: unknown) => e);
+    const error = await client()
+      .findRefundsByRefund(refundId, { paymentId, amountMinor: 5 })
+      .catch((e: unknown) => e);
 
     expect(error).toBeInstanceOf(PspUnreachableError);
     expect((error as PspUnreachableError).reason.startsWith(`the answer does not match: ${disagreement}`)).toBe(true);
@@ -769,7 +856,15 @@ describe('PspClientModule, metrics and logs', () => {
     imports: [
       MetricsModule,
       PspClientModule.forRootAsync({
-        useFactory: () => ({ baseUrl: () => stub.baseUrl, timeoutMs: 2_000, maxAttempts: 3, breakerThreshold: 5, breakerHalfOpenMs: 10_000, backoffInitialMs: 5, backoffMaxMs: 20 }),
+        useFactory: () => ({
+          baseUrl: () => stub.baseUrl,
+          timeoutMs: 2_000,
+          maxAttempts: 3,
+          breakerThreshold: 5,
+          breakerHalfOpenMs: 10_000,
+          backoffInitialMs: 5,
+          backoffMaxMs: 20,
+        }),
       }),
     ],
   })
@@ -802,8 +897,12 @@ describe('PspClientModule, metrics and logs', () => {
       fields: expect.objectContaining({ operation: 'charge', attempt: 1, status: 503, outboundKey: key }),
       message: 'psp attempt without a definite answer',
     });
-    expect(logs.entries).toContainEqual(expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', attempt: 2, status: 201, outboundKey: key }) }));
-    expect(logs.entries).toContainEqual(expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', outboundKey: key, outcome: 'succeeded' }) }));
+    expect(logs.entries).toContainEqual(
+      expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', attempt: 2, status: 201, outboundKey: key }) }),
+    );
+    expect(logs.entries).toContainEqual(
+      expect.objectContaining({ fields: expect.objectContaining({ operation: 'charge', outboundKey: key, outcome: 'succeeded' }) }),
+    );
   });
 
   it('logs the breaker opening', async () => {
@@ -812,6 +911,8 @@ describe('PspClientModule, metrics and logs', () => {
 
     await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
 
-    expect(logs.entries).toContainEqual(expect.objectContaining({ level: 'warn', fields: expect.objectContaining({ breaker: 'charges', state: 'open' }) }));
+    expect(logs.entries).toContainEqual(
+      expect.objectContaining({ level: 'warn', fields: expect.objectContaining({ breaker: 'charges', state: 'open' }) }),
+    );
   });
 });

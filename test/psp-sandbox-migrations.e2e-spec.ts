@@ -33,7 +33,7 @@ const OLD_LAYOUT = [
 ];
 const NOT_A_PROVIDER = 'http://127.0.0.1:9/psp';
 
-describe('the sandbox provider\'s own migrations', () => {
+describe("the sandbox provider's own migrations", () => {
   const databases: { url: string; drop(): Promise<void> }[] = [];
   const processes: ServiceProcess[] = [];
 
@@ -60,19 +60,24 @@ describe('the sandbox provider\'s own migrations', () => {
     }
   }
   const applied = async (url: string) => (await query<{ name: string }>(url, 'SELECT name FROM migrations ORDER BY id')).map((r) => r.name);
-  const exists = async (url: string, table: string) => (await query<{ t: string | null }>(url, `SELECT to_regclass('${table}')::text AS t`))[0].t !== null;
+  const exists = async (url: string, table: string) =>
+    (await query<{ t: string | null }>(url, `SELECT to_regclass('${table}')::text AS t`))[0].t !== null;
 
   /** Starts a process, waits until it listens, then stops it as Ctrl-C would; its start-up output. */
-  async function runUntilListening(env: Record<string, string>, main?: string): Promise<{ output: string; url: string; process: ServiceProcess }> {
+  async function runUntilListening(
+    env: Record<string, string>,
+    main?: string,
+  ): Promise<{ output: string; url: string; process: ServiceProcess }> {
     const started = await startServiceProcess(env, main ? { main } : {});
     processes.push(started);
     return { output: started.output(), url: started.url, process: started };
   }
-  const service = (url: string, env: Record<string, string> = {}) => runUntilListening({ DATABASE_URL: url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, ...env });
+  const service = (url: string, env: Record<string, string> = {}) =>
+    runUntilListening({ DATABASE_URL: url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, ...env });
   const sandboxAlone = (url: string) => runUntilListening({ DATABASE_URL: url, PSP_PORT: '0', PSP_WEBHOOK_URL: 'none' }, SANDBOX_MAIN);
   const chargesAnswer = async (base: string) => (await request(base).get(`/psp/charges?orderId=${randomUUID()}`)).status;
 
-  it('a fresh database with the sandbox in-process: the service\'s migrations and the sandbox\'s, in timestamp order', async () => {
+  it("a fresh database with the sandbox in-process: the service's migrations and the sandbox's, in timestamp order", async () => {
     const url = await freshDatabase();
     const { output, url: base } = await service(url);
     expect(output).toContain(`applied ${OLD_LAYOUT.join(', ')}`);

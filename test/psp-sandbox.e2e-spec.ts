@@ -64,8 +64,16 @@ describe('psp sandbox (/psp)', () => {
     if (key !== undefined) void req.set('Idempotency-Key', key);
     return req.send(body as object);
   };
-  const postRefund = (key: string, body: unknown) => request(t.url).post('/psp/refunds').set('Idempotency-Key', key).send(body as object);
-  const refundBody = (chargeId: string, amountMinor: number) => ({ chargeId, amountMinor, metadata: { refundId: randomUUID(), paymentId: randomUUID() } });
+  const postRefund = (key: string, body: unknown) =>
+    request(t.url)
+      .post('/psp/refunds')
+      .set('Idempotency-Key', key)
+      .send(body as object);
+  const refundBody = (chargeId: string, amountMinor: number) => ({
+    chargeId,
+    amountMinor,
+    metadata: { refundId: randomUUID(), paymentId: randomUUID() },
+  });
   const count = async (sql: string, params: unknown[] = []) => (await t.db.query(sql, params)).rows[0].n as number;
   const chargesOfPayment = (paymentId: string) => count(`SELECT count(*)::int AS n FROM psp.charges WHERE payment_id = $1`, [paymentId]);
   const keyRows = (key: string) => count(`SELECT count(*)::int AS n FROM psp.idempotency_keys WHERE key = $1`, [key]);
@@ -156,7 +164,12 @@ describe('psp sandbox (/psp)', () => {
       const first = await postCharge(key, body);
       expect(first.status).toBe(402);
       expect(first.headers['content-type']).toMatch(/^application\/json/);
-      expect(first.body).toMatchObject({ status: 'failed', failureCode: 'card_declined', source: 'tok_chargeDeclined', metadata: body.metadata });
+      expect(first.body).toMatchObject({
+        status: 'failed',
+        failureCode: 'card_declined',
+        source: 'tok_chargeDeclined',
+        metadata: body.metadata,
+      });
       const again = await postCharge(key, body);
       expect(again.status).toBe(402);
       expect(again.text).toBe(first.text);
@@ -268,7 +281,8 @@ describe('psp sandbox (/psp)', () => {
       const body = chargeBody('tok_nope');
       const res = await postCharge(key, body);
       expectProblem(res, 400, 'psp-unknown-source');
-      for (const source of ['toString', '__proto__', 'constructor']) expectProblem(await postCharge(randomUUID(), chargeBody(source)), 400, 'psp-unknown-source');
+      for (const source of ['toString', '__proto__', 'constructor'])
+        expectProblem(await postCharge(randomUUID(), chargeBody(source)), 400, 'psp-unknown-source');
       expect(await chargesOfPayment(body.metadata.paymentId)).toBe(0);
       expect(await keyRows(key)).toBe(0);
     });
@@ -298,11 +312,16 @@ describe('psp sandbox (/psp)', () => {
       expectProblem(await postCharge(undefined, base), 400, 'idempotency-key-missing');
       expectProblem(await postCharge('a b', base), 400, 'idempotency-key-malformed');
       expectProblem(await postCharge('x'.repeat(256), base), 400, 'idempotency-key-malformed');
-      const notJson = await request(t.url).post('/psp/charges').set('Idempotency-Key', randomUUID()).set('Content-Type', 'application/json').send('{"amountMinor":');
+      const notJson = await request(t.url)
+        .post('/psp/charges')
+        .set('Idempotency-Key', randomUUID())
+        .set('Content-Type', 'application/json')
+        .send('{"amountMinor":');
       expect(notJson.status).toBe(400);
       expect(await chargesOfPayment(base.metadata.paymentId)).toBe(0);
       // Lookups too.
-      for (const query of ['', 'orderId=nope', 'paymentId=1', 'other=1']) expectProblem(await request(t.url).get(`/psp/charges?${query}`), 400);
+      for (const query of ['', 'orderId=nope', 'paymentId=1', 'other=1'])
+        expectProblem(await request(t.url).get(`/psp/charges?${query}`), 400);
       for (const query of ['', 'chargeId=nope', 'refundId=1']) expectProblem(await request(t.url).get(`/psp/refunds?${query}`), 400);
     });
 
@@ -320,7 +339,10 @@ describe('psp sandbox (/psp)', () => {
       const ok = answers.filter((a) => a.status === 201);
       expect(ok).toHaveLength(3);
       for (const refused of answers.filter((a) => a.status !== 201)) expectProblem(refused, 422, 'psp-refund-exceeds-charge');
-      const { rows } = await t.db.query(`SELECT refunded_minor, (SELECT coalesce(sum(amount_minor), 0) FROM psp.refunds WHERE charge_id = $1 AND status = 'succeeded') AS refunds FROM psp.charges WHERE id = $1`, [ch.id]);
+      const { rows } = await t.db.query(
+        `SELECT refunded_minor, (SELECT coalesce(sum(amount_minor), 0) FROM psp.refunds WHERE charge_id = $1 AND status = 'succeeded') AS refunds FROM psp.charges WHERE id = $1`,
+        [ch.id],
+      );
       expect(rows[0]).toEqual({ refunded_minor: '900', refunds: '900' });
       expect(await count(`SELECT count(*)::int AS n FROM psp.refunds WHERE charge_id = $1`, [ch.id])).toBe(3);
       // What remains can still be refunded, exactly.
@@ -401,14 +423,20 @@ describe('psp sandbox (/psp)', () => {
       const timeoutBody = chargeBody('tok_timeout', { amountMinor: 800 });
       const timeoutCharge = pendingPost(`${t.url}/psp/charges`, randomUUID(), timeoutBody);
       let charges: { id: string }[] = [];
-      await until(async () => (charges = await lookup(`paymentId=${timeoutBody.metadata.paymentId}`)).length === 1, 'the charge is recorded');
+      await until(
+        async () => (charges = await lookup(`paymentId=${timeoutBody.metadata.paymentId}`)).length === 1,
+        'the charge is recorded',
+      );
       timeoutCharge.abort();
       await timeoutCharge.result.catch(() => undefined);
       const timeout = { body: charges[0] };
       const refundKey = randomUUID();
       const refund = refundBody(timeout.body.id, 800);
       const held = pendingPost(`${t.url}/psp/refunds`, refundKey, refund);
-      await until(async () => (await request(t.url).get(`/psp/refunds?chargeId=${timeout.body.id}`)).body.items.length === 1, 'the refund is recorded');
+      await until(
+        async () => (await request(t.url).get(`/psp/refunds?chargeId=${timeout.body.id}`)).body.items.length === 1,
+        'the refund is recorded',
+      );
       const second = await postRefund(refundKey, refund);
       expect(second.status).toBe(201);
       expect(held.settled()).toBe(false);

@@ -125,7 +125,11 @@ interface OutboxRow {
 }
 
 const outbox = async (t: TestApp): Promise<OutboxRow[]> =>
-  (await t.db.query<OutboxRow>(`SELECT id, copy, type, payload, attempts, delivered_at, last_error FROM psp.webhook_outbox ORDER BY created_at, id, copy`)).rows;
+  (
+    await t.db.query<OutboxRow>(
+      `SELECT id, copy, type, payload, attempts, delivered_at, last_error FROM psp.webhook_outbox ORDER BY created_at, id, copy`,
+    )
+  ).rows;
 
 /** The outbox rows whose data names this charge (charge events and its refunds' events). */
 const eventsOfCharge = async (t: TestApp, chargeId: string) => (await outbox(t)).filter((row) => row.payload.chargeId === chargeId);
@@ -170,8 +174,24 @@ describe('psp webhook relay (outbox → signed POSTs)', () => {
     expect(failedRefund.status).toBe(402);
 
     // Refused refunds (more than the charge; a failed charge) roll back with everything else: no event.
-    expect((await post(t, '/psp/refunds', randomUUID(), { chargeId: visa.id, amountMinor: 999_999, metadata: { refundId: randomUUID(), paymentId: randomUUID() } })).status).toBe(422);
-    expect((await post(t, '/psp/refunds', randomUUID(), { chargeId: declined.id, amountMinor: 1, metadata: { refundId: randomUUID(), paymentId: randomUUID() } })).status).toBe(422);
+    expect(
+      (
+        await post(t, '/psp/refunds', randomUUID(), {
+          chargeId: visa.id,
+          amountMinor: 999_999,
+          metadata: { refundId: randomUUID(), paymentId: randomUUID() },
+        })
+      ).status,
+    ).toBe(422);
+    expect(
+      (
+        await post(t, '/psp/refunds', randomUUID(), {
+          chargeId: declined.id,
+          amountMinor: 1,
+          metadata: { refundId: randomUUID(), paymentId: randomUUID() },
+        })
+      ).status,
+    ).toBe(422);
 
     // visa, declined, the replayed charge, its refund, tok_refundDeclined's charge and its declined refund.
     await until(() => allDelivered(t, 6), 'all six events are delivered');
@@ -215,9 +235,21 @@ describe('psp webhook relay (outbox → signed POSTs)', () => {
     });
     const failedRefundEvent = eventFor((d) => d.providerRefundId === failedRefund.body.id);
     expect(failedRefundEvent.type).toBe('refund.failed');
-    expect(failedRefundEvent.data).toMatchObject({ refundId: failedMeta.refundId, status: 'failed', failureCode: 'refund_declined', orderId: refundable.sent.metadata.orderId });
+    expect(failedRefundEvent.data).toMatchObject({
+      refundId: failedMeta.refundId,
+      status: 'failed',
+      failureCode: 'refund_declined',
+      orderId: refundable.sent.metadata.orderId,
+    });
     // A signature made with another secret is refused: the check above really checks.
-    const forged = { ...receiver.received[0], signature: new Webhook(`whsec_${Buffer.from('another-secret-of-32-bytes-long!').toString('base64')}`).sign(receiver.received[0].id, new Date(), receiver.received[0].body) };
+    const forged = {
+      ...receiver.received[0],
+      signature: new Webhook(`whsec_${Buffer.from('another-secret-of-32-bytes-long!').toString('base64')}`).sign(
+        receiver.received[0].id,
+        new Date(),
+        receiver.received[0].body,
+      ),
+    };
     expect(() => verified(forged)).toThrow();
   });
 
@@ -322,7 +354,7 @@ describe('psp webhook relay (outbox → signed POSTs)', () => {
     }
   });
 
-  it('PSP_WEBHOOK_URL unset delivers to this service\'s own /webhooks/psp, on the port it listens on', async () => {
+  it("PSP_WEBHOOK_URL unset delivers to this service's own /webhooks/psp, on the port it listens on", async () => {
     const t = opened(await startTestApp());
     const visa = await charge(t, 'tok_visa');
     await until(async () => ((await eventsOfCharge(t, visa.id))[0]?.attempts ?? 0) >= 1, 'a delivery was attempted');
@@ -343,10 +375,15 @@ describe('psp webhook relay (outbox → signed POSTs)', () => {
 
   it('listens on a connection of its own, and listens again after that connection is killed', async () => {
     const receiver = opened(await new Receiver().start());
-    // Direct to PostgreSQL even in a TEST_PGBOUNCER run (a choice of DATABASE_PREPARED_STATEMENTS keeps the direct URL): behind the pooler it polls instead.
+    // Direct to PostgreSQL even in a TEST_PGBOUNCER run (a choice of DATABASE_PREPARED_STATEMENTS keeps the direct URL): behind the pooler
+    // it polls instead.
     const t = opened(await startTestApp({ PSP_WEBHOOK_URL: receiver.url, DATABASE_PREPARED_STATEMENTS: 'true' }));
     const listeners = async () =>
-      (await t.db.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = 'psp-sandbox-listener' AND datname = current_database()`)).rows.map((r) => r.pid);
+      (
+        await t.db.query<{ pid: number }>(
+          `SELECT pid FROM pg_stat_activity WHERE application_name = 'psp-sandbox-listener' AND datname = current_database()`,
+        )
+      ).rows.map((r) => r.pid);
     await until(async () => (await listeners()).length === 1, 'the relay listens');
     const [first] = await listeners();
     await t.db.query('SELECT pg_terminate_backend($1)', [first]);

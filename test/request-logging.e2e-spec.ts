@@ -8,13 +8,22 @@ import { ALICE, bearer, createTestDatabase } from './support/test-app';
  * path costs no line at the default (the bench measures it there), a refusal gets one, naming its request id.
  */
 describe('request logging at the levels a user runs', () => {
-  const order = (note: string) => ({ orderNumber: `log-${randomUUID()}`, currency: 'EUR', items: [{ sku: 'A', quantity: 1, unitPriceMinor: 100 }], note });
+  const order = (note: string) => ({
+    orderNumber: `log-${randomUUID()}`,
+    currency: 'EUR',
+    items: [{ sku: 'A', quantity: 1, unitPriceMinor: 100 }],
+    note,
+  });
 
   async function withService(logLevel: string, run: (service: ServiceProcess) => Promise<void>): Promise<void> {
     const database = await createTestDatabase();
     let service: ServiceProcess | undefined;
     try {
-      service = await startServiceProcess({ DATABASE_URL: database.url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, LOG_LEVEL: logLevel });
+      service = await startServiceProcess({
+        DATABASE_URL: database.url,
+        API_KEYS: `${ALICE.clientId}:${ALICE.secret}`,
+        LOG_LEVEL: logLevel,
+      });
       await run(service);
     } finally {
       await service?.kill('SIGKILL');
@@ -44,7 +53,9 @@ describe('request logging at the levels a user runs', () => {
         .filter((l) => l.startsWith('{'))
         .map((l) => JSON.parse(l) as Record<string, unknown>)
         .filter((l) => ids.some((id) => JSON.stringify(l).includes(id)) || /^idempotency /.test(String(l.msg)));
-      expect(lines).toEqual([expect.objectContaining({ level: 30, requestId: ids[2], type: 'urn:idempotent-orders:problem:validation-failed' })]);
+      expect(lines).toEqual([
+        expect.objectContaining({ level: 30, requestId: ids[2], type: 'urn:idempotent-orders:problem:validation-failed' }),
+      ]);
       expect(lines[0].msg).toMatch(/^400 .+ on POST \/orders$/);
     });
   });
@@ -57,8 +68,17 @@ describe('request logging at the levels a user runs', () => {
       const requestId = created.headers['x-request-id'] as string;
       // pino-http writes its line once the response has finished: poll for it, with a deadline.
       const deadline = Date.now() + 5_000;
-      const written = () => service.output().slice(before).split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>);
-      while (!written().some((l) => (l.req as { id?: string } | undefined)?.id === requestId && l.res !== undefined) && Date.now() < deadline) {
+      const written = () =>
+        service
+          .output()
+          .slice(before)
+          .split('\n')
+          .filter((l) => l.startsWith('{'))
+          .map((l) => JSON.parse(l) as Record<string, unknown>);
+      while (
+        !written().some((l) => (l.req as { id?: string } | undefined)?.id === requestId && l.res !== undefined) &&
+        Date.now() < deadline
+      ) {
         await new Promise((r) => setTimeout(r, 20));
       }
       expect(written()).toEqual(

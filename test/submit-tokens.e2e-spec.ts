@@ -33,9 +33,9 @@ describe('Submit-Token on POST /orders (docs/contract.md#orders)', () => {
   };
   const tokenRow = async (token: string) =>
     (await t.db.query('SELECT client_id, consumed_at, order_id FROM submit_tokens WHERE token = $1', [token])).rows[0] as
-      | { client_id: string; consumed_at: Date | null; order_id: string | null }
-      | undefined;
-  const ordersWithNote = async (note: string) => (await t.db.query('SELECT count(*)::int AS n FROM orders WHERE note = $1', [note])).rows[0].n as number;
+      { client_id: string; consumed_at: Date | null; order_id: string | null } | undefined;
+  const ordersWithNote = async (note: string) =>
+    (await t.db.query('SELECT count(*)::int AS n FROM orders WHERE note = $1', [note])).rows[0].n as number;
 
   /** The token was left exactly as issued: unconsumed, no order, and alice can still create with it. */
   const expectUnconsumedAndUsable = async (token: string, note: string) => {
@@ -56,7 +56,9 @@ describe('Submit-Token on POST /orders (docs/contract.md#orders)', () => {
       `SELECT client_id, consumed_at, order_id, extract(epoch FROM expires_at - created_at)::int AS ttl, expires_at FROM submit_tokens WHERE token = $1`,
       [res.body.token],
     );
-    expect(rows).toEqual([{ client_id: 'alice', consumed_at: null, order_id: null, ttl: TTL_SECONDS, expires_at: new Date(res.body.expiresAt) }]);
+    expect(rows).toEqual([
+      { client_id: 'alice', consumed_at: null, order_id: null, ttl: TTL_SECONDS, expires_at: new Date(res.body.expiresAt) },
+    ]);
 
     const created = await submit(res.body.token, order({ note: 'with-token' }));
     expect(created.status).toBe(201);
@@ -90,7 +92,11 @@ describe('Submit-Token on POST /orders (docs/contract.md#orders)', () => {
     // And any time later: still 409 with the order, still one order.
     const again = await submit(token, order({ note: 'storm' }));
     expect(again.status).toBe(409);
-    expect(again.body).toMatchObject({ type: 'urn:idempotent-orders:problem:submit-token-used', title: 'Submit token already used', orderId });
+    expect(again.body).toMatchObject({
+      type: 'urn:idempotent-orders:problem:submit-token-used',
+      title: 'Submit token already used',
+      orderId,
+    });
     expect(again.body.detail).toContain(orderId);
     expect(await ordersWithNote('storm')).toBe(1);
   });
@@ -192,7 +198,11 @@ describe('Submit-Token on POST /orders (docs/contract.md#orders)', () => {
     const res = await submit(undefined, order({ note: 'no-header' }));
     expect(res.status).toBe(400);
     expect(res.headers['content-type']).toMatch(/^application\/problem\+json/);
-    expect(res.body).toMatchObject({ type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400 });
+    expect(res.body).toMatchObject({
+      type: 'urn:idempotent-orders:problem:idempotency-key-missing',
+      title: 'Idempotency-Key is missing',
+      status: 400,
+    });
     expect(res.body.detail).toContain('Idempotency-Key');
     expect(res.body.detail).toContain('Submit-Token');
     expect(await ordersWithNote('no-header')).toBe(0);
@@ -239,10 +249,19 @@ describe('Submit-Token on POST /orders (docs/contract.md#orders)', () => {
     expect(header.description).toMatch(/Idempotency-Key/);
     const exampleTypes = (status: string) => {
       const content = create.responses[status].content['application/problem+json'];
-      return Object.values(content.examples as Record<string, { value: { type: string } }>).map((e) => e.value.type.split(':').pop()).sort();
+      return Object.values(content.examples as Record<string, { value: { type: string } }>)
+        .map((e) => e.value.type.split(':').pop())
+        .sort();
     };
     // about:blank (malformed JSON) and invalid-json-body: the body parser's refusals, documented on every operation.
-    expect(exampleTypes('400')).toEqual(['blank', 'idempotency-key-and-submit-token', 'idempotency-key-malformed', 'idempotency-key-missing', 'invalid-json-body', 'validation-failed']);
+    expect(exampleTypes('400')).toEqual([
+      'blank',
+      'idempotency-key-and-submit-token',
+      'idempotency-key-malformed',
+      'idempotency-key-missing',
+      'invalid-json-body',
+      'validation-failed',
+    ]);
     expect(exampleTypes('409')).toEqual(['idempotency-key-in-use', 'order-number-conflict', 'submit-token-used']);
     expect(exampleTypes('422')).toEqual(['idempotency-key-reused', 'submit-token-invalid']);
     // Merging examples kept the Retry-After header of the in-use 409.

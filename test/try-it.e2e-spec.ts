@@ -27,18 +27,34 @@ describe('scripts/try-it.sh (the README\'s "Try it")', () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  it('runs as pasted against a started service: exit 0, every promised status seen', async () => {
-    // PSP_WEBHOOK_SECRET unset, as for `npm start`: the embedded run's dev secret, which the script signs with.
-    service = await startServiceProcess({ EMBEDDED_PG_DIR: join(dir, 'pg'), EMBEDDED_PG_PORT: String(await freePort()), PSP_WEBHOOK_SECRET: '' });
-    const { code, output } = await new Promise<{ code: number; output: string }>((done) => {
-      execFile('bash', [SCRIPT], { env: { PATH: process.env.PATH ?? '', BASE_URL: service!.url }, timeout: TIMEOUT_MS }, (err, stdout, stderr) => {
-        done({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, output: stdout + stderr });
+  it(
+    'runs as pasted against a started service: exit 0, every promised status seen',
+    async () => {
+      // PSP_WEBHOOK_SECRET unset, as for `npm start`: the embedded run's dev secret, which the script signs with.
+      service = await startServiceProcess({
+        EMBEDDED_PG_DIR: join(dir, 'pg'),
+        EMBEDDED_PG_PORT: String(await freePort()),
+        PSP_WEBHOOK_SECRET: '',
       });
-    });
-    expect({ code, tail: output.slice(-600) }).toEqual({ code: 0, tail: expect.stringContaining('✓ every answer was the one its comment promises') });
-    for (const status of ['← 201', '← 200', '← 422', '← 412', '← 503', '← 409']) expect(output).toContain(status);
-    expect(output).toContain('idempotent-replayed: true');
-    expect(output).toMatch(/GET \/orders\?limit=2&cursor=\S+/);
-    expect(output).toContain('"outcome":"duplicate"');
-  }, TIMEOUT_MS);
+      const { code, output } = await new Promise<{ code: number; output: string }>((done) => {
+        execFile(
+          'bash',
+          [SCRIPT],
+          { env: { PATH: process.env.PATH ?? '', BASE_URL: service!.url }, timeout: TIMEOUT_MS },
+          (err, stdout, stderr) => {
+            done({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, output: stdout + stderr });
+          },
+        );
+      });
+      expect({ code, tail: output.slice(-600) }).toEqual({
+        code: 0,
+        tail: expect.stringContaining('✓ every answer was the one its comment promises'),
+      });
+      for (const status of ['← 201', '← 200', '← 422', '← 412', '← 503', '← 409']) expect(output).toContain(status);
+      expect(output).toContain('idempotent-replayed: true');
+      expect(output).toMatch(/GET \/orders\?limit=2&cursor=\S+/);
+      expect(output).toContain('"outcome":"duplicate"');
+    },
+    TIMEOUT_MS,
+  );
 });

@@ -64,9 +64,14 @@ describe('docs/use-it-in-your-app.md, followed literally in a fresh Nest CLI sca
     tsconfig.compilerOptions.types = tsconfig.compilerOptions.types?.filter((t) => !t.startsWith('vitest'));
     await writeFile(tsconfigPath, JSON.stringify(tsconfig, null, 2));
     // "Copy libs/idempotency/src/ into your app as src/idempotency/, without the *.spec.ts files."
-    await cp(join(REPO, 'libs/idempotency/src'), join(app, 'src/idempotency'), { recursive: true, filter: (source) => !source.endsWith('.spec.ts') });
+    await cp(join(REPO, 'libs/idempotency/src'), join(app, 'src/idempotency'), {
+      recursive: true,
+      filter: (source) => !source.endsWith('.spec.ts'),
+    });
     const files = filesOfPage(await readFile(PAGE, 'utf8'));
-    expect([...files.keys()]).toEqual(expect.arrayContaining(['src/app.module.ts', 'src/main.ts', 'src/migrations/1750000000000-idempotency-keys.ts']));
+    expect([...files.keys()]).toEqual(
+      expect.arrayContaining(['src/app.module.ts', 'src/main.ts', 'src/migrations/1750000000000-idempotency-keys.ts']),
+    );
     for (const [path, body] of files) {
       await mkdir(dirname(join(app, path)), { recursive: true });
       await writeFile(join(app, path), body);
@@ -117,11 +122,17 @@ describe('docs/use-it-in-your-app.md, followed literally in a fresh Nest CLI sca
       headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-user-id': user },
       body: JSON.stringify(body),
     });
-  const bookingsOf = async (room: string) => (await check.query<{ n: number }>(`SELECT count(*)::int AS n FROM bookings WHERE room = $1`, [room])).rows[0].n;
+  const bookingsOf = async (room: string) =>
+    (await check.query<{ n: number }>(`SELECT count(*)::int AS n FROM bookings WHERE room = $1`, [room])).rows[0].n;
   const keyRows = async (key: string) =>
-    (await check.query<{ state: string; response_status: number | null }>(`SELECT state, response_status FROM idempotency_keys WHERE key = $1`, [key])).rows;
+    (
+      await check.query<{ state: string; response_status: number | null }>(
+        `SELECT state, response_status FROM idempotency_keys WHERE key = $1`,
+        [key],
+      )
+    ).rows;
 
-  it('the migration ran at start-up: the layer\'s table and the app\'s', async () => {
+  it("the migration ran at start-up: the layer's table and the app's", async () => {
     const tables = await check.query<{ t: string }>(`SELECT tablename AS t FROM pg_tables WHERE schemaname = 'public' ORDER BY 1`);
     expect(tables.rows.map((r) => r.t)).toEqual(expect.arrayContaining(['bookings', 'idempotency_keys']));
   });
@@ -144,7 +155,11 @@ describe('docs/use-it-in-your-app.md, followed literally in a fresh Nest CLI sca
     const res = await book(key, { room, nights: 0 });
     expect(res.status).toBe(400);
     expect(res.headers.get('content-type')).toMatch(/^application\/problem\+json/);
-    expect(await res.json()).toMatchObject({ status: 400, errors: ['nights must not be less than 1'], detail: 'nights must not be less than 1' });
+    expect(await res.json()).toMatchObject({
+      status: 400,
+      errors: ['nights must not be less than 1'],
+      detail: 'nights must not be less than 1',
+    });
     expect(await keyRows(key)).toEqual([]);
     expect(await bookingsOf(room)).toBe(0);
   });

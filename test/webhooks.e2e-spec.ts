@@ -78,7 +78,11 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
   }
 
   /** An order with a payment in `status`, written as the payments module would have left it. */
-  async function orderWithPayment(status: 'pending' | 'failed' = 'pending', amountMinor = 2500, keyId: string | null = null): Promise<Paid> {
+  async function orderWithPayment(
+    status: 'pending' | 'failed' = 'pending',
+    amountMinor = 2500,
+    keyId: string | null = null,
+  ): Promise<Paid> {
     const orderId = await createOrder(amountMinor);
     const { rows } = await t.db.query(
       `INSERT INTO payments (client_id, order_id, idempotency_key_id, status, amount_minor, currency, source, outbound_key, failure_code)
@@ -104,7 +108,9 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
   });
 
   async function payment(paymentId: string) {
-    return (await t.db.query(`SELECT status, provider_transaction_id, failure_code, refunded_minor FROM payments WHERE id = $1`, [paymentId])).rows[0];
+    return (
+      await t.db.query(`SELECT status, provider_transaction_id, failure_code, refunded_minor FROM payments WHERE id = $1`, [paymentId])
+    ).rows[0];
   }
 
   async function order(orderId: string): Promise<{ status: string; paid_events: number; refunded_events: number }> {
@@ -119,7 +125,12 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
   }
 
   async function processed(webhookId: string) {
-    return (await t.db.query(`SELECT type, outcome, detail, payment_id, refund_id, received_at FROM processed_webhook_events WHERE webhook_id = $1`, [webhookId])).rows;
+    return (
+      await t.db.query(
+        `SELECT type, outcome, detail, payment_id, refund_id, received_at FROM processed_webhook_events WHERE webhook_id = $1`,
+        [webhookId],
+      )
+    ).rows;
   }
 
   async function metric(name: string, labels: string): Promise<number> {
@@ -138,7 +149,9 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       expect(res.body).toEqual({ webhookId: id, outcome: 'applied', detail: 'payment-succeeded' });
       expect(await payment(p.paymentId)).toMatchObject({ status: 'succeeded', provider_transaction_id: `ch_${p.paymentId.slice(0, 8)}` });
       expect(await order(p.orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
-      expect(await processed(id)).toEqual([expect.objectContaining({ type: 'charge.succeeded', outcome: 'applied', detail: 'payment-succeeded', payment_id: p.paymentId })]);
+      expect(await processed(id)).toEqual([
+        expect.objectContaining({ type: 'charge.succeeded', outcome: 'applied', detail: 'payment-succeeded', payment_id: p.paymentId }),
+      ]);
     });
 
     it('one event delivered 5 times in sequence: one effect, one history row, one processed row; the rest answer duplicate', async () => {
@@ -188,7 +201,9 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       expect(res.body.outcome).toBe('no_effect');
       expect(await payment(p.paymentId)).toMatchObject({ status: 'succeeded', failure_code: null });
       expect(await order(p.orderId)).toMatchObject({ status: 'paid', paid_events: 1 });
-      expect(await processed(id)).toEqual([expect.objectContaining({ outcome: 'no_effect', detail: 'already-settled: payment is succeeded' })]);
+      expect(await processed(id)).toEqual([
+        expect.objectContaining({ outcome: 'no_effect', detail: 'already-settled: payment is succeeded' }),
+      ]);
     });
 
     it('a payment whose request still holds the key lease: the webhook settles it AND completes the key with the 201 the request would give', async () => {
@@ -203,7 +218,12 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       const res = await deliver(chargeEvent('charge.succeeded', p));
       expect(res.status).toBe(200);
       expect(res.body.outcome).toBe('applied');
-      const key = (await t.db.query(`SELECT state, response_status, response_headers, response_body, lease_token FROM idempotency_keys WHERE id = $1`, [keyId])).rows[0];
+      const key = (
+        await t.db.query(
+          `SELECT state, response_status, response_headers, response_body, lease_token FROM idempotency_keys WHERE id = $1`,
+          [keyId],
+        )
+      ).rows[0];
       expect(key).toMatchObject({ state: 'completed', response_status: 201, lease_token: null });
       expect(key.response_headers).toMatchObject({ location: `/payments/${p.paymentId}` });
       expect(JSON.parse(key.response_body)).toMatchObject({ id: p.paymentId, status: 'succeeded', amountMinor: 2500 });
@@ -235,13 +255,20 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       const results = await Promise.all([deliver(event, { id }), deliver(event, { id })]);
       expect(results.map((r) => r.status)).toEqual([200, 200]);
       expect(results.map((r) => r.body.outcome).sort()).toEqual(['applied', 'duplicate']);
-      expect((await t.db.query(`SELECT status, provider_refund_id FROM refunds WHERE id = $1`, [refundId])).rows[0]).toEqual({ status: 'succeeded', provider_refund_id: 're_last' });
+      expect((await t.db.query(`SELECT status, provider_refund_id FROM refunds WHERE id = $1`, [refundId])).rows[0]).toEqual({
+        status: 'succeeded',
+        provider_refund_id: 're_last',
+      });
       expect(await order(p.orderId)).toMatchObject({ status: 'refunded', refunded_events: 1 });
       expect(await payment(p.paymentId)).toMatchObject({ refunded_minor: '2500' });
       expect(await processed(id)).toEqual([expect.objectContaining({ type: 'refund.succeeded', outcome: 'applied', refund_id: refundId })]);
 
       // refund.failed afterwards (another event): nothing moves back, the reservation is not given back.
-      const late = await deliver({ ...event, type: 'refund.failed', data: { ...event.data, status: 'failed', failureCode: 'refund_declined' } });
+      const late = await deliver({
+        ...event,
+        type: 'refund.failed',
+        data: { ...event.data, status: 'failed', failureCode: 'refund_declined' },
+      });
       expect(late.body.outcome).toBe('no_effect');
       expect(await payment(p.paymentId)).toMatchObject({ refunded_minor: '2500' });
       expect(await order(p.orderId)).toMatchObject({ status: 'refunded', refunded_events: 1 });
@@ -272,7 +299,10 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       expect((await deliver(event(first))).body).toMatchObject({ outcome: 'no_effect', detail: 'already-settled: refund is succeeded' });
       expect((await deliver(event(second))).body).toMatchObject({ outcome: 'no_effect', detail: 'second-refund: alerted' });
       expect(await metric('payments_late_landings_total', 'kind="second_refund",found_by="webhook"')).toBe(before + 1);
-      expect((await t.db.query(`SELECT status, provider_refund_id FROM refunds WHERE id = $1`, [refundId])).rows[0]).toEqual({ status: 'succeeded', provider_refund_id: first });
+      expect((await t.db.query(`SELECT status, provider_refund_id FROM refunds WHERE id = $1`, [refundId])).rows[0]).toEqual({
+        status: 'succeeded',
+        provider_refund_id: first,
+      });
       expect(await payment(p.paymentId)).toMatchObject({ refunded_minor: '2500' });
     });
   });
@@ -303,7 +333,9 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
         const res = await deliver(body, { id });
         expect(res.status).toBe(200);
         expect(res.body.outcome).toBe('no_effect');
-        expect(await processed(id)).toEqual([expect.objectContaining({ outcome: 'no_effect', detail: expect.stringMatching(/^malformed: /) })]);
+        expect(await processed(id)).toEqual([
+          expect.objectContaining({ outcome: 'no_effect', detail: expect.stringMatching(/^malformed: /) }),
+        ]);
       }
     });
   });
@@ -356,7 +388,10 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
     });
 
     it('counts received, rejected, duplicate and applied in /metrics', async () => {
-      const before = { rejected: await metric('webhook_events_total', 'outcome="rejected"'), duplicate: await metric('webhook_events_total', 'outcome="duplicate"') };
+      const before = {
+        rejected: await metric('webhook_events_total', 'outcome="rejected"'),
+        duplicate: await metric('webhook_events_total', 'outcome="duplicate"'),
+      };
       const p = await orderWithPayment();
       const id = `msg_${randomUUID()}`;
       await deliver(chargeEvent('charge.succeeded', p), { id, signature: () => 'v1,AAAA' });
@@ -434,7 +469,12 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
     });
 
     async function lateRefunds(paymentId: string) {
-      return (await t.db.query(`SELECT id, charge_id, status, outbound_key, attempts, provider_refund_id FROM late_charge_refunds WHERE payment_id = $1`, [paymentId])).rows;
+      return (
+        await t.db.query(
+          `SELECT id, charge_id, status, outbound_key, attempts, provider_refund_id FROM late_charge_refunds WHERE payment_id = $1`,
+          [paymentId],
+        )
+      ).rows;
     }
 
     async function until<T>(what: () => Promise<T>, done: (v: T) => boolean): Promise<T> {
@@ -455,9 +495,23 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       const res = await deliver(event, { id });
       expect(res.status).toBe(200);
       expect(res.body).toMatchObject({ outcome: 'applied', detail: 'late-charge: refund requested' });
-      const [row] = await until(() => lateRefunds(p.paymentId), (rows) => rows[0]?.status !== 'pending');
-      expect(row).toMatchObject({ charge_id: event.data.chargeId, status: 'succeeded', outbound_key: `late_${event.data.chargeId}`, attempts: 1, provider_refund_id: `re_${event.data.chargeId}` });
-      expect(calls).toEqual([{ key: `late_${event.data.chargeId}`, body: { chargeId: event.data.chargeId, amountMinor: 2500, metadata: { refundId: row.id, paymentId: p.paymentId } } }]);
+      const [row] = await until(
+        () => lateRefunds(p.paymentId),
+        (rows) => rows[0]?.status !== 'pending',
+      );
+      expect(row).toMatchObject({
+        charge_id: event.data.chargeId,
+        status: 'succeeded',
+        outbound_key: `late_${event.data.chargeId}`,
+        attempts: 1,
+        provider_refund_id: `re_${event.data.chargeId}`,
+      });
+      expect(calls).toEqual([
+        {
+          key: `late_${event.data.chargeId}`,
+          body: { chargeId: event.data.chargeId, amountMinor: 2500, metadata: { refundId: row.id, paymentId: p.paymentId } },
+        },
+      ]);
 
       expect((await deliver(event, { id })).body.outcome).toBe('duplicate');
       expect((await deliver(event)).body).toMatchObject({ outcome: 'no_effect', detail: 'late-charge: its refund was already requested' });
@@ -475,7 +529,10 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       const second = chargeEvent('charge.succeeded', p, { chargeId: 'ch_second' });
       const res = await deliver(second);
       expect(res.body).toMatchObject({ outcome: 'applied', detail: 'second-charge: refund requested' });
-      const [row] = await until(() => lateRefunds(p.paymentId), (rows) => rows[0]?.status !== 'pending');
+      const [row] = await until(
+        () => lateRefunds(p.paymentId),
+        (rows) => rows[0]?.status !== 'pending',
+      );
       expect(row).toMatchObject({ charge_id: 'ch_second', status: 'succeeded', outbound_key: 'late_ch_second' });
       expect(calls.map((c) => c.body.chargeId)).toEqual(['ch_second']);
       expect(await payment(p.paymentId)).toMatchObject({ status: 'succeeded', provider_transaction_id: `ch_${p.paymentId.slice(0, 8)}` });
@@ -486,10 +543,17 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       answer = () => ({ kind: 'unknown', reason: 'timeout' });
       const p = await orderWithPayment('failed');
       expect((await deliver(chargeEvent('charge.succeeded', p))).body.outcome).toBe('applied');
-      const [pending] = await until(() => lateRefunds(p.paymentId), (rows) => rows[0]?.attempts === 1 && calls.length === 1);
+      const [pending] = await until(
+        () => lateRefunds(p.paymentId),
+        (rows) => rows[0]?.attempts === 1 && calls.length === 1,
+      );
       const error = jest.spyOn(Logger.prototype, 'error');
       try {
-        const alerts = () => error.mock.calls.filter(([fields]) => (fields as { lateRefundId?: string; alert?: boolean }).lateRefundId === pending.id && (fields as { alert?: boolean }).alert);
+        const alerts = () =>
+          error.mock.calls.filter(
+            ([fields]) =>
+              (fields as { lateRefundId?: string; alert?: boolean }).lateRefundId === pending.id && (fields as { alert?: boolean }).alert,
+          );
         for (let attempts = 2; attempts <= LATE_REFUND_ALERT_ATTEMPTS + 1; attempts++) {
           await t.db.query(`UPDATE late_charge_refunds SET next_attempt_at = now() WHERE id = $1`, [pending.id]);
           expect(await t.app.get(LateChargeRefunder).attempt(pending.id)).toBe(true);
@@ -499,7 +563,10 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
         const [row] = await lateRefunds(p.paymentId);
         expect(row).toMatchObject({ status: 'pending', attempts: LATE_REFUND_ALERT_ATTEMPTS + 1 });
         // Due again within the backoff, not given up.
-        const { rows } = await t.db.query(`SELECT next_attempt_at > now() AND next_attempt_at <= now() + interval '10 minutes' AS scheduled FROM late_charge_refunds WHERE id = $1`, [pending.id]);
+        const { rows } = await t.db.query(
+          `SELECT next_attempt_at > now() AND next_attempt_at <= now() + interval '10 minutes' AS scheduled FROM late_charge_refunds WHERE id = $1`,
+          [pending.id],
+        );
         expect(rows[0].scheduled).toBe(true);
       } finally {
         error.mockRestore();
@@ -513,7 +580,10 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
       const p = await orderWithPayment('failed');
       const event = chargeEvent('charge.succeeded', p);
       expect((await deliver(event)).body.outcome).toBe('applied');
-      const [pending] = await until(() => lateRefunds(p.paymentId), (rows) => rows[0]?.attempts === 1 && calls.length === 1);
+      const [pending] = await until(
+        () => lateRefunds(p.paymentId),
+        (rows) => rows[0]?.attempts === 1 && calls.length === 1,
+      );
       expect(pending).toMatchObject({ status: 'pending', attempts: 1 });
       // Not due yet: the job leaves it alone.
       expect(await t.app.get(LateChargeRefunder).attempt(pending.id)).toBe(false);
@@ -542,14 +612,18 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
     const op = res.body.paths['/webhooks/psp'].post;
     expect(op.tags).toEqual(['webhooks']);
     expect(op.security).toEqual([]);
-    const headers = op.parameters.filter((p: { in: string }) => p.in === 'header').map((p: { name: string; required: boolean }) => [p.name, p.required]);
+    const headers = op.parameters
+      .filter((p: { in: string }) => p.in === 'header')
+      .map((p: { name: string; required: boolean }) => [p.name, p.required]);
     expect(headers.sort()).toEqual([
       ['webhook-id', true],
       ['webhook-signature', true],
       ['webhook-timestamp', true],
     ]);
     expect(Object.keys(op.responses)).toEqual(expect.arrayContaining(['200', '400', '401', '503']));
-    expect(op.responses['401'].content['application/problem+json'].example.type).toBe('urn:idempotent-orders:problem:webhook-signature-invalid');
+    expect(op.responses['401'].content['application/problem+json'].example.type).toBe(
+      'urn:idempotent-orders:problem:webhook-signature-invalid',
+    );
   });
 
   it('the reaper forgets processed events past their retention (30 days), and only those', async () => {
@@ -568,7 +642,9 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
 
   it('/metrics shows the age of the oldest pending payment and refund', async () => {
     await orderWithPayment();
-    await t.db.query(`UPDATE payments SET created_at = now() - interval '1 hour' WHERE id = (SELECT id FROM payments WHERE status = 'pending' ORDER BY created_at LIMIT 1)`);
+    await t.db.query(
+      `UPDATE payments SET created_at = now() - interval '1 hour' WHERE id = (SELECT id FROM payments WHERE status = 'pending' ORDER BY created_at LIMIT 1)`,
+    );
     expect(await metric('payments_oldest_pending_seconds', 'kind="payment"')).toBeGreaterThanOrEqual(3600);
     expect(await metric('payments_oldest_pending_seconds', 'kind="refund"')).toBe(0);
   });

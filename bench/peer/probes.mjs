@@ -18,15 +18,30 @@ const results = [];
 function probe(script, args, env) {
   return new Promise((resolve) => {
     // Its own process group, so a timeout takes down the apps a crash probe started as well.
-    const child = spawn(process.execPath, [path.join(here, 'probes', script), ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'], detached: true });
+    const child = spawn(process.execPath, [path.join(here, 'probes', script), ...args], {
+      env: { ...process.env, ...env },
+      stdio: ['ignore', 'pipe', 'inherit'],
+      detached: true,
+    });
     let out = '';
     child.stdout.on('data', (c) => {
       out += c;
       for (const line of c.toString().split('\n')) if (line && !line.startsWith('PROBE ')) console.log(`  ${line}`);
     });
-    const killGroup = (sig) => { try { process.kill(-child.pid, sig); } catch { /* gone */ } };
+    const killGroup = (sig) => {
+      try {
+        process.kill(-child.pid, sig);
+      } catch {
+        /* gone */
+      }
+    };
     let timedOut = false;
-    const timer = setTimeout(() => { timedOut = true; log(`${script}: over ${TIMEOUT_S} s, stopping it`); killGroup('SIGTERM'); setTimeout(() => killGroup('SIGKILL'), 5000).unref(); }, TIMEOUT_S * 1000);
+    const timer = setTimeout(() => {
+      timedOut = true;
+      log(`${script}: over ${TIMEOUT_S} s, stopping it`);
+      killGroup('SIGTERM');
+      setTimeout(() => killGroup('SIGKILL'), 5000).unref();
+    }, TIMEOUT_S * 1000);
     const stop = () => killGroup('SIGKILL');
     process.once('exit', stop);
     child.once('exit', (code) => {
@@ -34,7 +49,9 @@ function probe(script, args, env) {
       process.off('exit', stop);
       killGroup('SIGKILL'); // anything the probe left behind in its group
       const line = out.split('\n').find((l) => l.startsWith('PROBE '));
-      const rec = line ? JSON.parse(line.slice(6)) : { probe: script, target: env.TARGET, failed: timedOut ? `stopped at its ${TIMEOUT_S} s deadline` : `exit ${code}` };
+      const rec = line
+        ? JSON.parse(line.slice(6))
+        : { probe: script, target: env.TARGET, failed: timedOut ? `stopped at its ${TIMEOUT_S} s deadline` : `exit ${code}` };
       results.push(rec);
       resolve(rec);
     });
@@ -53,7 +70,7 @@ async function main() {
   log('starting two PostgreSQL servers (peer, ours)');
   const [peerDb, oursDb] = await Promise.all([startPostgres('probes-peer'), startPostgres('probes-ours')]);
   const redis = redisToo ? await startRedis() : undefined;
-  if (!redisToo) log('redis-server not installed (or PEER_REDIS=0): the peer\'s Redis store is not probed');
+  if (!redisToo) log("redis-server not installed (or PEER_REDIS=0): the peer's Redis store is not probed");
 
   console.log('\n# the peer (@node-idempotency/nestjs, memory store)');
   let app = await startPeer({ databaseUrl: peerDb.url, storage: 'memory', tag: 'probes-memory' });
@@ -84,20 +101,48 @@ async function main() {
 
 function summary() {
   const of = (target, prefix) => results.filter((r) => r.target === target && r.probe.startsWith(prefix));
-  const cell = (recs, fmt) => (recs.length ? recs.map((r) => (r.failed ? `${r.probe}: probe failed (${r.failed})` : fmt(r))).join('<br>') : 'not run');
-  const tag = (r) => { const m = /\[?(memory|redis)\]?$/.exec(r.probe) ?? /storage=(\w+)/.exec(r.probe); return m ? `${m[1]}: ` : ''; };
-  const p4tag = (r) => (r.target === 'ours' ? 'PostgreSQL key table' : `${r.storage} store${r.delay && r.delay !== '0' ? `, response stored ≤ ${r.delay} ms after commit` : ''}`);
+  const cell = (recs, fmt) =>
+    recs.length ? recs.map((r) => (r.failed ? `${r.probe}: probe failed (${r.failed})` : fmt(r))).join('<br>') : 'not run';
+  const tag = (r) => {
+    const m = /\[?(memory|redis)\]?$/.exec(r.probe) ?? /storage=(\w+)/.exec(r.probe);
+    return m ? `${m[1]}: ` : '';
+  };
+  const p4tag = (r) =>
+    r.target === 'ours'
+      ? 'PostgreSQL key table'
+      : `${r.storage} store${r.delay && r.delay !== '0' ? `, response stored ≤ ${r.delay} ms after commit` : ''}`;
   const rows = [
-    ['cross-client replay: client B sends A\'s key', 'p3', 'p3',
-      (r) => `${tag(r)}B gets ${r.leaked ? "**A's order** (" + r.bSame + (r.bSameReplayed ? ' replayed' : '') + ')' : `its own order (${r.bSame})`}; orders A=${r.ordersA} B=${r.ordersB}`],
-    ['reordered JSON keys, same key → 422', 'p2', 'p2',
-      (r) => `${tag(r)}${r.rejected}/3 variants rejected 422 (${Object.entries(r.out).map(([k, v]) => `${k}: ${v.second}${v.replayed ? ' replayed' : ''}`).join(', ')})`],
-    ['keys stuck after a kill -9 (409 after restart)', 'p4', 'p4',
-      (r) => `${p4tag(r)}: ${r.stuck}/50 keys still 409 after restart${r.expirySim ? ` (TTL ${((r.expirySim.pttlMs ?? 0) / 3.6e6).toFixed(0)} h)` : ''}`],
-    ['duplicates after a restart (kill -9, retry)', 'p4', 'p4',
-      (r) => `${p4tag(r)}: ${r.dup} keys with 2+ orders after retries${r.expirySim ? `; ${r.expirySim.duplicatesAfterExpiry} more once the 24 h TTL expires (simulated by DEL)` : ''}; ${r.lost} keys with no order yet`],
-    ['20 parallel requests, one new key', 'p1', 'p1',
-      (r) => `${tag(r)}${r.orders} order(s); ${JSON.stringify(r.statuses)}`],
+    [
+      "cross-client replay: client B sends A's key",
+      'p3',
+      'p3',
+      (r) =>
+        `${tag(r)}B gets ${r.leaked ? "**A's order** (" + r.bSame + (r.bSameReplayed ? ' replayed' : '') + ')' : `its own order (${r.bSame})`}; orders A=${r.ordersA} B=${r.ordersB}`,
+    ],
+    [
+      'reordered JSON keys, same key → 422',
+      'p2',
+      'p2',
+      (r) =>
+        `${tag(r)}${r.rejected}/3 variants rejected 422 (${Object.entries(r.out)
+          .map(([k, v]) => `${k}: ${v.second}${v.replayed ? ' replayed' : ''}`)
+          .join(', ')})`,
+    ],
+    [
+      'keys stuck after a kill -9 (409 after restart)',
+      'p4',
+      'p4',
+      (r) =>
+        `${p4tag(r)}: ${r.stuck}/50 keys still 409 after restart${r.expirySim ? ` (TTL ${((r.expirySim.pttlMs ?? 0) / 3.6e6).toFixed(0)} h)` : ''}`,
+    ],
+    [
+      'duplicates after a restart (kill -9, retry)',
+      'p4',
+      'p4',
+      (r) =>
+        `${p4tag(r)}: ${r.dup} keys with 2+ orders after retries${r.expirySim ? `; ${r.expirySim.duplicatesAfterExpiry} more once the 24 h TTL expires (simulated by DEL)` : ''}; ${r.lost} keys with no order yet`,
+    ],
+    ['20 parallel requests, one new key', 'p1', 'p1', (r) => `${tag(r)}${r.orders} order(s); ${JSON.stringify(r.statuses)}`],
   ];
   console.log('\n| fault | rerun | the peer | ours |\n|---|---|---|---|');
   for (const [fault, id, , fmt] of rows) {
@@ -106,7 +151,10 @@ function summary() {
 }
 
 main()
-  .catch((e) => { console.error(e); process.exitCode = 1; })
+  .catch((e) => {
+    console.error(e);
+    process.exitCode = 1;
+  })
   .finally(async () => {
     await stopAll();
     summary();

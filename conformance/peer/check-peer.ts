@@ -50,24 +50,46 @@ const NO_HOLD = { outcome: 'n/a', reason: 'no way to hold a request after its ef
 
 const EXPECTED: Record<TargetName, Record<string, Expected>> = {
   peer: {
-    'malformed-key-too-long': { outcome: 'choice', reason: 'its limit is 256 characters (`IDEMPOTENCY_KEY_LEN` in @node-idempotency/core), not 255; keys are kept whole' },
+    'malformed-key-too-long': {
+      outcome: 'choice',
+      reason: 'its limit is 256 characters (`IDEMPOTENCY_KEY_LEN` in @node-idempotency/core), not 255; keys are kept whole',
+    },
     'malformed-key-commas': { outcome: 'fail', reason: 'a bare key with commas is accepted (two merged headers taken as one key)' },
     'malformed-key-two-headers': { outcome: 'fail', reason: 'two Idempotency-Key headers are accepted (as one merged value)' },
-    'other-caller-own-effect': { outcome: 'fail', reason: "client B sending A's key gets A's order: its store is keyed by method + URL + key only" },
+    'other-caller-own-effect': {
+      outcome: 'fail',
+      reason: "client B sending A's key gets A's order: its store is keyed by method + URL + key only",
+    },
     'reordered-json-replays': { outcome: 'fail', reason: 'the same JSON with members reordered is a 422: it fingerprints the raw bytes' },
-    'validation-error-keeps-key': { outcome: 'choice', reason: 'it stores the 400 and replays it to the same request: a fixed request needs a new key' },
+    'validation-error-keeps-key': {
+      outcome: 'choice',
+      reason: 'it stores the 400 and replays it to the same request: a fixed request needs a new key',
+    },
     'server-error-not-stored': { outcome: 'fail', reason: 'a 500 is stored and replayed to every retry of the key' },
     'openapi-expiry': { outcome: 'n/a', reason: 'the peer app publishes no OpenAPI document' },
     'crash-after-effect': NO_HOLD,
-    'crash-one-effect': { outcome: 'fail', reason: 'killed and restarted, keys answered before the kill execute again: the memory store is lost' },
+    'crash-one-effect': {
+      outcome: 'fail',
+      reason: 'killed and restarted, keys answered before the kill execute again: the memory store is lost',
+    },
   },
   service: {},
   'key-after-commit': {
-    'crash-after-effect': { outcome: 'fail', reason: `the order commits in the handler's transaction and the answer is recorded after it (\`keyAfterCommit()\` in ${TARGET_FILE}): killed between the two, its claim lapses and the retry orders again` },
-    'crash-one-effect': { outcome: 'pass or fail', reason: 'the same fault, hit only if the kill happens to fall between a commit and its record: crash-after-effect finds it every time' },
+    'crash-after-effect': {
+      outcome: 'fail',
+      reason: `the order commits in the handler's transaction and the answer is recorded after it (\`keyAfterCommit()\` in ${TARGET_FILE}): killed between the two, its claim lapses and the retry orders again`,
+    },
+    'crash-one-effect': {
+      outcome: 'pass or fail',
+      reason:
+        'the same fault, hit only if the kill happens to fall between a commit and its record: crash-after-effect finds it every time',
+    },
   },
   'route-key': {
-    'other-caller-own-effect': { outcome: 'fail', reason: `the key's scope is method + path, not the caller (\`scope\` in \`create()\`, ${TARGET_FILE}): B gets A's order` },
+    'other-caller-own-effect': {
+      outcome: 'fail',
+      reason: `the key's scope is method + path, not the caller (\`scope\` in \`create()\`, ${TARGET_FILE}): B gets A's order`,
+    },
   },
 };
 
@@ -88,7 +110,8 @@ function options(argv: string[]): { ports: number[]; pgPort?: number; write: boo
   const out: { ports: number[]; pgPort?: number; write: boolean } = { ports: [], write: false };
   for (let i = 0; i < argv.length; i++) {
     const port = (text: string | undefined) => {
-      if (!text || !/^\d+$/.test(text) || Number(text) < 1 || Number(text) > 65535) throw new Error(`${argv[i]} takes port numbers, got ${text}`);
+      if (!text || !/^\d+$/.test(text) || Number(text) < 1 || Number(text) > 65535)
+        throw new Error(`${argv[i]} takes port numbers, got ${text}`);
       return Number(text);
     };
     if (argv[i] === '--write') out.write = true;
@@ -96,7 +119,8 @@ function options(argv: string[]): { ports: number[]; pgPort?: number; write: boo
     else if (argv[i] === '--pg-port') out.pgPort = port(argv[++i]);
     else throw new Error(`unknown argument ${argv[i]}: --ports ${TARGETS.join(',')} (HTTP ports, in this order), --pg-port N, --write`);
   }
-  if (out.ports.length !== 0 && out.ports.length !== TARGETS.length) throw new Error(`--ports takes ${TARGETS.length} ports: ${TARGETS.join(',')}`);
+  if (out.ports.length !== 0 && out.ports.length !== TARGETS.length)
+    throw new Error(`--ports takes ${TARGETS.length} ports: ${TARGETS.join(',')}`);
   return out;
 }
 
@@ -158,8 +182,10 @@ async function kit(name: string, config: KitConfig): Promise<KitReport> {
   const { code, stdout, stderr } = await run(process.execPath, [KIT_CLI, '--config', file, '--json']);
   if (code !== 0 && code !== 1) throw new Error(`the kit could not run against ${name} (exit ${code}):\n${stderr}`);
   const report = JSON.parse(stdout) as KitReport;
-  if (code === 1 !== report.summary.fail > 0) throw new Error(`the kit exited ${code} with ${report.summary.fail} failed check(s)`);
-  log(`${name}: ${report.summary.pass} passed, ${report.summary.fail} failed, ${report.summary.choice} choice(s), ${report.summary['n/a']} not applicable`);
+  if ((code === 1) !== report.summary.fail > 0) throw new Error(`the kit exited ${code} with ${report.summary.fail} failed check(s)`);
+  log(
+    `${name}: ${report.summary.pass} passed, ${report.summary.fail} failed, ${report.summary.choice} choice(s), ${report.summary['n/a']} not applicable`,
+  );
   return report;
 }
 
@@ -176,7 +202,13 @@ async function runTarget(name: TargetName, port: number, database: (name: string
   const common = { operation: { method: 'POST', path: '/orders', body }, serverError: serverError(url) };
   if (name === 'peer') {
     // The peer's guard takes the bearer token as the client id; it lists nothing, so effects are counted in its database.
-    const app = await startApp(name, port, join(root, 'bench/peer/app/dist/main.js'), { DATABASE_URL: url, STORAGE: 'memory', POOL_MAX: '10' }, '/ping');
+    const app = await startApp(
+      name,
+      port,
+      join(root, 'bench/peer/app/dist/main.js'),
+      { DATABASE_URL: url, STORAGE: 'memory', POOL_MAX: '10' },
+      '/ping',
+    );
     return kit(name, {
       ...common,
       base: app.base,
@@ -212,7 +244,13 @@ async function runTarget(name: TargetName, port: number, database: (name: string
       crash: { kill: app.kill, start: app.start },
     });
   }
-  const app = await startApp(name, port, join(root, 'dist/conformance/targets/orders-target.js'), { DATABASE_URL: url, TARGET_DESIGN: name, CONFORMANCE_HOOKS: '1' }, '/ping');
+  const app = await startApp(
+    name,
+    port,
+    join(root, 'dist/conformance/targets/orders-target.js'),
+    { DATABASE_URL: url, TARGET_DESIGN: name, CONFORMANCE_HOOKS: '1' },
+    '/ping',
+  );
   return kit(name, {
     ...common,
     base: app.base,
@@ -263,10 +301,12 @@ async function main(): Promise<number> {
   else {
     const updated = `${docs.slice(0, start + TABLE_START.length)}\n${text}\n${docs.slice(end)}`;
     if (write) writeFileSync(DOCS, updated);
-    else if (updated !== docs) problems.push('the verdict table in docs/conformance.md differs from this run\'s: npm run conformance:table rewrites it');
+    else if (updated !== docs)
+      problems.push("the verdict table in docs/conformance.md differs from this run's: npm run conformance:table rewrites it");
   }
   for (const p of problems) console.error(`conformance:peer: ${p}`);
-  if (problems.length === 0) log(`every target fails exactly the checks of its known faults; the service passes all ${reports.get('service')!.results.length}`);
+  if (problems.length === 0)
+    log(`every target fails exactly the checks of its known faults; the service passes all ${reports.get('service')!.results.length}`);
   return problems.length === 0 ? 0 : 1;
 }
 

@@ -11,8 +11,12 @@ const client = new pg.Client({ connectionString: url });
 await client.connect();
 try {
   if (action === 'arm') {
-    await client.query(`CREATE FUNCTION conformance_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'provoked by the conformance kit'; END $$`);
-    await client.query(`CREATE TRIGGER conformance_fail BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.total_minor = ${FAILING_TOTAL}) EXECUTE FUNCTION conformance_fail()`);
+    await client.query(
+      `CREATE FUNCTION conformance_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'provoked by the conformance kit'; END $$`,
+    );
+    await client.query(
+      `CREATE TRIGGER conformance_fail BEFORE INSERT ON orders FOR EACH ROW WHEN (NEW.total_minor = ${FAILING_TOTAL}) EXECUTE FUNCTION conformance_fail()`,
+    );
   } else {
     await client.query('DROP TRIGGER IF EXISTS conformance_fail ON orders; DROP FUNCTION IF EXISTS conformance_fail()');
   }

@@ -15,7 +15,9 @@ const child = spawn(process.execPath, [entry], { env, stdio: ['ignore', out, out
 writeFileSync(pidFile, String(child.pid));
 child.unref();
 // An app that exits (a taken port, a bad setting) fails the start at once, not after the ready deadline.
-const exited = new Promise<never>((_, reject) => child.once('exit', (code, signal) => reject(new Error(`it exited (${signal ?? code}) before answering`))));
+const exited = new Promise<never>((_, reject) =>
+  child.once('exit', (code, signal) => reject(new Error(`it exited (${signal ?? code}) before answering`))),
+);
 try {
   await Promise.race([waitUntilAnswering(new URL(readyUrl)), exited]);
 } catch (err) {

@@ -65,7 +65,14 @@ function validOrder(body: unknown): OrderInput | undefined {
   const b = body as Partial<OrderInput> | null;
   if (typeof b !== 'object' || b === null || typeof b.currency !== 'string' || !/^[A-Z]{3}$/.test(b.currency)) return undefined;
   if (!Array.isArray(b.items) || b.items.length === 0) return undefined;
-  const ok = b.items.every((i) => typeof i?.sku === 'string' && Number.isInteger(i.quantity) && i.quantity > 0 && Number.isInteger(i.unitPriceMinor) && i.unitPriceMinor >= 0);
+  const ok = b.items.every(
+    (i) =>
+      typeof i?.sku === 'string' &&
+      Number.isInteger(i.quantity) &&
+      i.quantity > 0 &&
+      Number.isInteger(i.unitPriceMinor) &&
+      i.unitPriceMinor >= 0,
+  );
   return ok ? (b as OrderInput) : undefined;
 }
 
@@ -97,7 +104,13 @@ const replayed = (row: KeyRow): Reply => ({
 async function insertOrder(db: pg.PoolClient, clientId: string, order: OrderInput): Promise<Reply> {
   const id = randomUUID();
   const total = order.items.reduce((sum, i) => sum + i.quantity * i.unitPriceMinor, 0);
-  await db.query('INSERT INTO orders (id, client_id, currency, items, total_minor) VALUES ($1, $2, $3, $4, $5)', [id, clientId, order.currency, JSON.stringify(order.items), total]);
+  await db.query('INSERT INTO orders (id, client_id, currency, items, total_minor) VALUES ($1, $2, $3, $4, $5)', [
+    id,
+    clientId,
+    order.currency,
+    JSON.stringify(order.items),
+    total,
+  ]);
   return {
     status: 201,
     headers: { 'content-type': 'application/json', location: `/orders/${id}`, etag: '"1"' },
@@ -133,25 +146,46 @@ async function create(req: IncomingMessage, res: ServerResponse, clientId: strin
   const scope = design === 'route-key' ? 'POST /orders' : `${clientId} POST /orders`;
   const db = await pool.connect();
   try {
-    return design === 'route-key' ? await atomic(db, scope, key, fingerprint, order, clientId, req, res) : await keyAfterCommit(db, scope, key, fingerprint, order, clientId, req, res);
+    return design === 'route-key'
+      ? await atomic(db, scope, key, fingerprint, order, clientId, req, res)
+      : await keyAfterCommit(db, scope, key, fingerprint, order, clientId, req, res);
   } finally {
     db.release();
   }
 }
 
 /** route-key: lock the key, look it up, order, record the answer, all in one transaction: a kill leaves nothing. */
-async function atomic(db: pg.PoolClient, scope: string, key: string, fingerprint: string, order: OrderInput, clientId: string, req: IncomingMessage, res: ServerResponse): Promise<Reply> {
+async function atomic(
+  db: pg.PoolClient,
+  scope: string,
+  key: string,
+  fingerprint: string,
+  order: OrderInput,
+  clientId: string,
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<Reply> {
   await db.query('BEGIN');
   try {
     await db.query('SELECT pg_advisory_xact_lock(hashtextextended($1, 0))', [`${scope} ${key}`]);
-    const { rows } = await db.query<KeyRow>('SELECT fingerprint, status, headers, body FROM idempotency_keys WHERE scope = $1 AND key = $2', [scope, key]);
+    const { rows } = await db.query<KeyRow>(
+      'SELECT fingerprint, status, headers, body FROM idempotency_keys WHERE scope = $1 AND key = $2',
+      [scope, key],
+    );
     if (rows[0]) {
       await db.query('ROLLBACK');
       return rows[0].fingerprint === fingerprint ? replayed(rows[0]) : problem(422, 'Idempotency-Key is already used with another body');
     }
     const reply = await insertOrder(db, clientId, order);
     await hold(req, res);
-    await db.query('INSERT INTO idempotency_keys (scope, key, fingerprint, status, headers, body) VALUES ($1, $2, $3, $4, $5, $6)', [scope, key, fingerprint, reply.status, reply.headers, reply.body]);
+    await db.query('INSERT INTO idempotency_keys (scope, key, fingerprint, status, headers, body) VALUES ($1, $2, $3, $4, $5, $6)', [
+      scope,
+      key,
+      fingerprint,
+      reply.status,
+      reply.headers,
+      reply.body,
+    ]);
     await db.query('COMMIT');
     return reply;
   } catch (err) {
@@ -161,7 +195,16 @@ async function atomic(db: pg.PoolClient, scope: string, key: string, fingerprint
 }
 
 /** key-after-commit: claim the key (its own commit), run the handler (its own transaction), then record the answer. */
-async function keyAfterCommit(db: pg.PoolClient, scope: string, key: string, fingerprint: string, order: OrderInput, clientId: string, req: IncomingMessage, res: ServerResponse): Promise<Reply> {
+async function keyAfterCommit(
+  db: pg.PoolClient,
+  scope: string,
+  key: string,
+  fingerprint: string,
+  order: OrderInput,
+  clientId: string,
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<Reply> {
   const claimed = await db.query(
     `INSERT INTO idempotency_keys (scope, key, fingerprint, locked_until) VALUES ($1, $2, $3, now() + make_interval(secs => $4))
      ON CONFLICT (scope, key) DO UPDATE SET locked_until = EXCLUDED.locked_until
@@ -170,7 +213,10 @@ async function keyAfterCommit(db: pg.PoolClient, scope: string, key: string, fin
     [scope, key, fingerprint, CLAIM_SECONDS],
   );
   if (claimed.rowCount === 0) {
-    const { rows } = await db.query<KeyRow>('SELECT fingerprint, status, headers, body, ceil(extract(epoch FROM locked_until - now()))::int AS wait FROM idempotency_keys WHERE scope = $1 AND key = $2', [scope, key]);
+    const { rows } = await db.query<KeyRow>(
+      'SELECT fingerprint, status, headers, body, ceil(extract(epoch FROM locked_until - now()))::int AS wait FROM idempotency_keys WHERE scope = $1 AND key = $2',
+      [scope, key],
+    );
     if (rows[0].fingerprint !== fingerprint) return problem(422, 'Idempotency-Key is already used with another body');
     if (rows[0].status !== null) return replayed(rows[0]);
     const busy = problem(409, 'A request with this Idempotency-Key is in progress');
@@ -189,7 +235,13 @@ async function keyAfterCommit(db: pg.PoolClient, scope: string, key: string, fin
   }
   // THE FAULT of key-after-commit: the order is committed; the answer is recorded only now, in another statement.
   await hold(req, res);
-  await db.query('UPDATE idempotency_keys SET status = $3, headers = $4, body = $5, locked_until = NULL WHERE scope = $1 AND key = $2', [scope, key, reply.status, reply.headers, reply.body]);
+  await db.query('UPDATE idempotency_keys SET status = $3, headers = $4, body = $5, locked_until = NULL WHERE scope = $1 AND key = $2', [
+    scope,
+    key,
+    reply.status,
+    reply.headers,
+    reply.body,
+  ]);
   return reply;
 }
 
@@ -199,7 +251,9 @@ const OPENAPI = {
   paths: {
     '/orders': {
       post: {
-        parameters: [{ in: 'header', name: 'Idempotency-Key', required: true, schema: { type: 'string' }, description: 'Keys expire after 24 hours.' }],
+        parameters: [
+          { in: 'header', name: 'Idempotency-Key', required: true, schema: { type: 'string' }, description: 'Keys expire after 24 hours.' },
+        ],
         responses: { 201: { description: 'Created' } },
       },
     },
@@ -208,7 +262,8 @@ const OPENAPI = {
 
 async function route(req: IncomingMessage, res: ServerResponse, text: string): Promise<Reply> {
   const path = (req.url ?? '/').split('?')[0];
-  if (req.method === 'GET' && path === '/docs-json') return { status: 200, headers: { 'content-type': 'application/json' }, body: JSON.stringify(OPENAPI) };
+  if (req.method === 'GET' && path === '/docs-json')
+    return { status: 200, headers: { 'content-type': 'application/json' }, body: JSON.stringify(OPENAPI) };
   if (req.method === 'GET' && path === '/ping') return { status: 200, headers: { 'content-type': 'text/plain' }, body: 'ok' };
   const clientId = /^Bearer (\S+)$/.exec(req.headers.authorization ?? '')?.[1];
   if (!clientId) return problem(401, 'Unauthorized');
@@ -229,7 +284,12 @@ const server = createServer((req, res) => {
         console.error(err);
         return problem(500, 'Internal Server Error');
       })
-      .then((reply) => res.writeHead(reply.status, reply.headers).end(reply.body), () => res.destroy());
+      .then(
+        (reply) => res.writeHead(reply.status, reply.headers).end(reply.body),
+        () => res.destroy(),
+      );
   });
 });
-server.listen(Number(process.env.PORT ?? 0), '127.0.0.1', () => console.log(`listening on http://localhost:${(server.address() as { port: number }).port}`));
+server.listen(Number(process.env.PORT ?? 0), '127.0.0.1', () =>
+  console.log(`listening on http://localhost:${(server.address() as { port: number }).port}`),
+);

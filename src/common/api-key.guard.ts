@@ -6,7 +6,6 @@ import { APP_CONFIG } from '../config/config.module.js';
 import type { AppConfig } from '../config/app-config.js';
 import { ProblemException, PUBLIC_ROUTE } from '#service-kit';
 
-
 declare module 'fastify' {
   interface FastifyRequest {
     /** The authenticated API client; everything it owns is scoped by this id. */

@@ -13,5 +13,10 @@ export const UNAUTHORIZED: ProblemExample = {
 export const ORDER_NOT_FOUND: ProblemExample = {
   status: 404,
   description: 'No such order for this client.',
-  example: { type: 'urn:idempotent-orders:problem:order-not-found', title: 'Order not found', status: 404, detail: 'There is no order 6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f.' },
+  example: {
+    type: 'urn:idempotent-orders:problem:order-not-found',
+    title: 'Order not found',
+    status: 404,
+    detail: 'There is no order 6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f.',
+  },
 };

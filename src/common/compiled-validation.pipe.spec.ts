@@ -134,7 +134,10 @@ describe('CompiledValidationPipe', () => {
     const valid = {
       orderNumber: 'PO-1',
       currency: 'EUR',
-      items: [{ sku: 'SKU-1', quantity: 2, unitPriceMinor: 1999 }, { unitPriceMinor: 0, quantity: 10_000, sku: '~' }],
+      items: [
+        { sku: 'SKU-1', quantity: 2, unitPriceMinor: 1999 },
+        { unitPriceMinor: 0, quantity: 10_000, sku: '~' },
+      ],
       shippingAddress: { name: 'Ada', line1: '12 St James Square', city: 'London', postalCode: 'SW1Y 4JH', country: 'GB', line2: null },
       note: null,
     };

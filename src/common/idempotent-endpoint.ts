@@ -5,10 +5,30 @@ import { ApiProblems } from '#service-kit';
 
 /** The Idempotency-Key problems as the OpenAPI document shows them; the phased (payment) endpoints document the same ones. */
 export const IDEMPOTENCY_KEY_EXAMPLES = {
-  MISSING: { type: 'urn:idempotent-orders:problem:idempotency-key-missing', title: 'Idempotency-Key is missing', status: 400, detail: 'This operation requires an Idempotency-Key header.' },
-  MALFORMED: { type: 'urn:idempotent-orders:problem:idempotency-key-malformed', title: 'Idempotency-Key is malformed', status: 400, detail: 'Send exactly one Idempotency-Key header.' },
-  IN_USE: { type: 'urn:idempotent-orders:problem:idempotency-key-in-use', title: 'A request is outstanding for this Idempotency-Key', status: 409, detail: 'Retry after the first request has finished.' },
-  REUSED: { type: 'urn:idempotent-orders:problem:idempotency-key-reused', title: 'Idempotency-Key is already used', status: 422, detail: 'This key was first used for a different request; use a new key for a new request.' },
+  MISSING: {
+    type: 'urn:idempotent-orders:problem:idempotency-key-missing',
+    title: 'Idempotency-Key is missing',
+    status: 400,
+    detail: 'This operation requires an Idempotency-Key header.',
+  },
+  MALFORMED: {
+    type: 'urn:idempotent-orders:problem:idempotency-key-malformed',
+    title: 'Idempotency-Key is malformed',
+    status: 400,
+    detail: 'Send exactly one Idempotency-Key header.',
+  },
+  IN_USE: {
+    type: 'urn:idempotent-orders:problem:idempotency-key-in-use',
+    title: 'A request is outstanding for this Idempotency-Key',
+    status: 409,
+    detail: 'Retry after the first request has finished.',
+  },
+  REUSED: {
+    type: 'urn:idempotent-orders:problem:idempotency-key-reused',
+    title: 'Idempotency-Key is already used',
+    status: 422,
+    detail: 'This key was first used for a different request; use a new key for a new request.',
+  },
 };
 
 const ttlNote = 'Keys are remembered for IDEMPOTENCY_TTL_SECONDS (24 h by default), per API client.';
@@ -31,7 +51,12 @@ export function IdempotentEndpoint(options: IdempotentOptions = { required: true
     ApiResponse({
       status: 'default',
       description: `Any stored response replayed for a repeated Idempotency-Key carries ${IDEMPOTENT_REPLAYED_HEADER}: true.`,
-      headers: { [IDEMPOTENT_REPLAYED_HEADER]: { description: 'true when this is the stored response of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
+      headers: {
+        [IDEMPOTENT_REPLAYED_HEADER]: {
+          description: 'true when this is the stored response of an earlier request with the same key',
+          schema: { type: 'string', enum: ['true'] },
+        },
+      },
     }),
     ApiProblems(
       ...(options.required

@@ -108,9 +108,7 @@ describe('loadConfig: defaults', () => {
   });
 
   it('treats empty strings (as an .env file writes them) like unset variables', () => {
-    const empty = Object.fromEntries(
-      VARIABLES.map((name) => [name, '']),
-    );
+    const empty = Object.fromEntries(VARIABLES.map((name) => [name, '']));
     expect(loadConfig(empty)).toEqual(loadConfig({}));
   });
 
@@ -215,7 +213,10 @@ describe('loadConfig: the sandbox provider never serves a real database by accid
   });
 
   it('with DATABASE_URL, PSP_SANDBOX=in-process mounts it, flagged for the start-up warning', () => {
-    expect(loadConfig({ ...withoutProvider, PSP_SANDBOX: 'in-process' })).toMatchObject({ pspSandbox: 'in-process', pspSandboxOptedIn: true });
+    expect(loadConfig({ ...withoutProvider, PSP_SANDBOX: 'in-process' })).toMatchObject({
+      pspSandbox: 'in-process',
+      pspSandboxOptedIn: true,
+    });
   });
 
   it('a named provider turns it off; naming both, or another PSP_SANDBOX value, is refused', () => {
@@ -328,7 +329,9 @@ describe('loadConfig: payments', () => {
     expect(err.message).toContain('PSP_TIMEOUT_MS 2000');
     // The budget follows both factors: 10 × 2000 + 2000 = 22000 ms; 4 × 3500 + 2000 = 16000 ms.
     expect(loadConfig({ PSP_MAX_ATTEMPTS: '10', IDEMPOTENCY_LEASE_SECONDS: '22' }).pspMaxAttempts).toBe(10);
-    expect(configError({ PSP_MAX_ATTEMPTS: '4', PSP_TIMEOUT_MS: '3500', IDEMPOTENCY_LEASE_SECONDS: '15' }).message).toContain('at least 16');
+    expect(configError({ PSP_MAX_ATTEMPTS: '4', PSP_TIMEOUT_MS: '3500', IDEMPOTENCY_LEASE_SECONDS: '15' }).message).toContain(
+      'at least 16',
+    );
     expect(loadConfig({ PSP_MAX_ATTEMPTS: '4', PSP_TIMEOUT_MS: '3500', IDEMPOTENCY_LEASE_SECONDS: '16' }).idempotencyLeaseSeconds).toBe(16);
     // A budget that is not a whole number of seconds rounds the minimum up: 3 × 1100 + 2000 = 5300 ms → 6 s.
     expect(configError({ PSP_MAX_ATTEMPTS: '3', PSP_TIMEOUT_MS: '1100', IDEMPOTENCY_LEASE_SECONDS: '5' }).message).toContain('at least 6');
@@ -370,7 +373,9 @@ describe('loadConfig: no published secret guards a real database', () => {
   });
 
   it('refuses a real database without PSP_WEBHOOK_SECRET, or with the published dev secret, as it does for API_KEYS', () => {
-    expect(configError({ DATABASE_URL: PG_URL, API_KEYS: KEYS }).message).toContain('PSP_WEBHOOK_SECRET is required when DATABASE_URL is set');
+    expect(configError({ DATABASE_URL: PG_URL, API_KEYS: KEYS }).message).toContain(
+      'PSP_WEBHOOK_SECRET is required when DATABASE_URL is set',
+    );
     expect(configError({ ...REAL, PSP_WEBHOOK_SECRET: DEV_WEBHOOK_SECRET }).message).toContain('published dev secret');
     expect(configError({ ...REAL, API_KEYS: `demo:${DEV_API_CLIENT.secret}` }).message).toContain('published dev secret');
   });

@@ -89,7 +89,9 @@ export const DEV_API_CLIENT: ApiClient = { clientId: 'demo', secret: 'dev-secret
  */
 export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=';
 
-/** Slack the lease keeps beyond the outbound client's attempts, for the phase-1 and phase-3 transactions (docs/contract.md#outbound-client). */
+/**
+ * Slack the lease keeps beyond the outbound client's attempts, for the phase-1 and phase-3 transactions (docs/contract.md#outbound-client).
+ */
 export const LEASE_MARGIN_MS = 2_000;
 
 type Env = Record<string, string | undefined>;
@@ -169,7 +171,11 @@ function url(env: Env, name: string, protocols: string[]): string | undefined {
 }
 
 /** Only the client ids of API_KEYS are ever printed. */
-const printableKeys = (raw: string) => raw.split(',').map((pair) => `${pair.split(':')[0].split('=')[0].trim()}:***`).join(',');
+const printableKeys = (raw: string) =>
+  raw
+    .split(',')
+    .map((pair) => `${pair.split(':')[0].split('=')[0].trim()}:***`)
+    .join(',');
 
 function apiClients(env: Env, raw: string): ApiClient[] {
   const clients = raw.split(',').map((pair) => {
@@ -203,12 +209,22 @@ function webhookSecret(env: Env, raw: string): string {
  * The sandbox authenticates nobody and answers test tokens as payments: on a real database it is
  * mounted only when asked for by name, so a deployment that forgets PSP_BASE_URL does not start.
  */
-function pspSandbox(env: Env, databaseUrl: string | undefined, pspBaseUrl: string | undefined): Pick<AppConfig, 'pspSandbox' | 'pspSandboxOptedIn'> {
+function pspSandbox(
+  env: Env,
+  databaseUrl: string | undefined,
+  pspBaseUrl: string | undefined,
+): Pick<AppConfig, 'pspSandbox' | 'pspSandboxOptedIn'> {
   const raw = env.PSP_SANDBOX?.trim() || undefined;
   const off = { pspSandbox: 'off', pspSandboxOptedIn: false } as const;
-  if (raw !== undefined && raw !== 'in-process') return invalid(env, new ConfigError('PSP_SANDBOX', 'must be in-process or unset', raw), off);
+  if (raw !== undefined && raw !== 'in-process')
+    return invalid(env, new ConfigError('PSP_SANDBOX', 'must be in-process or unset', raw), off);
   if (pspBaseUrl) {
-    if (raw) return invalid(env, new ConfigError('PSP_SANDBOX', 'must be unset when PSP_BASE_URL names the provider (set one of the two)', raw), off);
+    if (raw)
+      return invalid(
+        env,
+        new ConfigError('PSP_SANDBOX', 'must be unset when PSP_BASE_URL names the provider (set one of the two)', raw),
+        off,
+      );
     return off;
   }
   if (databaseUrl && !raw) {
@@ -236,7 +252,8 @@ function webhookDelivery(env: Env): AppConfig['pspWebhookDelivery'] {
 /** 0 turns the reconciler off; anything else is a period of at least 100 ms, so it cannot spin. */
 function reconcileInterval(env: Env): number {
   const ms = integer(env, 'RECONCILE_INTERVAL_MS', 30_000, 0, 86_400_000);
-  if (ms !== 0 && ms < 100) return invalid(env, new ConfigError('RECONCILE_INTERVAL_MS', 'must be 0 (off) or from 100 to 86400000', String(ms)), ms);
+  if (ms !== 0 && ms < 100)
+    return invalid(env, new ConfigError('RECONCILE_INTERVAL_MS', 'must be 0 (off) or from 100 to 86400000', String(ms)), ms);
   return ms;
 }
 
@@ -244,7 +261,8 @@ function reconcileInterval(env: Env): number {
 function relayFault(env: Env): AppConfig['orderEventsRelayFault'] {
   const raw = env.ORDER_EVENTS_RELAY_FAULT;
   if (raw === undefined || raw === '') return undefined;
-  if (raw !== 'die-after-confirm') return invalid(env, new ConfigError('ORDER_EVENTS_RELAY_FAULT', 'must be die-after-confirm or unset', raw), undefined);
+  if (raw !== 'die-after-confirm')
+    return invalid(env, new ConfigError('ORDER_EVENTS_RELAY_FAULT', 'must be die-after-confirm or unset', raw), undefined);
   return raw;
 }
 
@@ -281,7 +299,11 @@ export function loadDatabaseConfig(env: Env = process.env): DatabaseConfig {
     if (databaseMigrationUrl && !databaseUrl && !hasProblem(env, 'DATABASE_URL')) {
       databaseMigrationUrl = invalid(
         env,
-        new ConfigError('DATABASE_MIGRATION_URL', 'needs DATABASE_URL (the embedded database is reached directly)', printableUrl(databaseMigrationUrl)),
+        new ConfigError(
+          'DATABASE_MIGRATION_URL',
+          'needs DATABASE_URL (the embedded database is reached directly)',
+          printableUrl(databaseMigrationUrl),
+        ),
         undefined,
       );
     }
@@ -312,7 +334,11 @@ function readConfig(env: Env): AppConfig {
   }
   const clients = rawKeys ? apiClients(env, rawKeys) : [DEV_API_CLIENT];
   if (databaseUrl && rawKeys && clients.some((client) => client.secret === DEV_API_CLIENT.secret)) {
-    invalid(env, new ConfigError('API_KEYS', 'must not use the published dev secret when DATABASE_URL is set', printableKeys(rawKeys)), undefined);
+    invalid(
+      env,
+      new ConfigError('API_KEYS', 'must not use the published dev secret when DATABASE_URL is set', printableKeys(rawKeys)),
+      undefined,
+    );
   }
   const rawWebhookSecret = env.PSP_WEBHOOK_SECRET?.trim();
   if (databaseUrl && (!rawWebhookSecret || rawWebhookSecret === DEV_WEBHOOK_SECRET)) {
@@ -329,14 +355,21 @@ function readConfig(env: Env): AppConfig {
   const idempotencyLeaseSeconds = integer(env, 'IDEMPOTENCY_LEASE_SECONDS', 60, 1, 3_600);
   const retryBudgetMs = pspMaxAttempts * pspTimeoutMs + LEASE_MARGIN_MS;
   // Measured against the budget only when both of its factors are valid: otherwise it would be a guess.
-  if (idempotencyLeaseSeconds * 1000 < retryBudgetMs && !hasProblem(env, 'PSP_MAX_ATTEMPTS', 'PSP_TIMEOUT_MS', 'IDEMPOTENCY_LEASE_SECONDS')) {
+  if (
+    idempotencyLeaseSeconds * 1000 < retryBudgetMs &&
+    !hasProblem(env, 'PSP_MAX_ATTEMPTS', 'PSP_TIMEOUT_MS', 'IDEMPOTENCY_LEASE_SECONDS')
+  ) {
     // A lease that ends while its holder is still calling the provider lets a retry take over mid-call.
-    invalid(env, new ConfigError(
-      'IDEMPOTENCY_LEASE_SECONDS',
-      `must be at least ${Math.ceil(retryBudgetMs / 1000)} to outlast the retry budget ` +
-        `(PSP_MAX_ATTEMPTS ${pspMaxAttempts} × PSP_TIMEOUT_MS ${pspTimeoutMs} + ${LEASE_MARGIN_MS} ms)`,
-      String(idempotencyLeaseSeconds),
-    ), undefined);
+    invalid(
+      env,
+      new ConfigError(
+        'IDEMPOTENCY_LEASE_SECONDS',
+        `must be at least ${Math.ceil(retryBudgetMs / 1000)} to outlast the retry budget ` +
+          `(PSP_MAX_ATTEMPTS ${pspMaxAttempts} × PSP_TIMEOUT_MS ${pspTimeoutMs} + ${LEASE_MARGIN_MS} ms)`,
+        String(idempotencyLeaseSeconds),
+      ),
+      undefined,
+    );
   }
   const pspBaseUrl = url(env, 'PSP_BASE_URL', ['http:', 'https:']);
   return {

@@ -13,7 +13,10 @@ describe('loadEnvFile', () => {
 
   it('sets the variables of the file that the real environment does not have; the real environment wins', () => {
     const file = join(dir, '.env');
-    writeFileSync(file, ['# a comment', 'PORT=4000', 'LOG_LEVEL=debug', 'API_KEYS="shop:from-the-file-0123456789"', 'EMPTY_IN_REAL=from-file', ''].join('\n'));
+    writeFileSync(
+      file,
+      ['# a comment', 'PORT=4000', 'LOG_LEVEL=debug', 'API_KEYS="shop:from-the-file-0123456789"', 'EMPTY_IN_REAL=from-file', ''].join('\n'),
+    );
     const env: Record<string, string | undefined> = { PORT: '5000', EMPTY_IN_REAL: '' };
 
     const loaded = loadEnvFile(file, env);

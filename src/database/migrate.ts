@@ -44,10 +44,16 @@ async function migrationStatus(dataSource: DataSource): Promise<{ lines: string[
   for (const name of executed) {
     if (known.includes(name)) continue;
     // Applied where the sandbox provider was mounted in-process (or before it had migrations of its own): known, not pending.
-    lines.push(sandbox.has(name) ? `[X] ${name} (the sandbox provider's; it is not mounted here)` : `[?] ${name} (applied, but not in this build)`);
+    lines.push(
+      sandbox.has(name) ? `[X] ${name} (the sandbox provider's; it is not mounted here)` : `[?] ${name} (applied, but not in this build)`,
+    );
   }
   const pending = known.filter((name) => !executed.has(name)).length;
-  lines.push(pending ? `${pending} of ${known.length} migrations pending: npm run migration:run applies them` : `all ${known.length} migrations are applied`);
+  lines.push(
+    pending
+      ? `${pending} of ${known.length} migrations pending: npm run migration:run applies them`
+      : `all ${known.length} migrations are applied`,
+  );
   return { lines, pending };
 }
 
@@ -60,7 +66,9 @@ async function main(): Promise<number> {
   // migrations take the same advisory lock as a starting service, so they are safe beside one.
   const server = await openDatabaseServer(config, { shareRunning: true });
   if (server.sharedWith) {
-    console.error(`using the embedded PostgreSQL of pid ${server.sharedWith.pid} (${server.sharedWith.command}), which holds ${config.embeddedPgDir}`);
+    console.error(
+      `using the embedded PostgreSQL of pid ${server.sharedWith.pid} (${server.sharedWith.command}), which holds ${config.embeddedPgDir}`,
+    );
   }
   // DATABASE_MIGRATION_URL, when set, is PostgreSQL itself (DATABASE_URL may be a pooler).
   // The sandbox provider's tables where `npm start` would mount it (no PSP_BASE_URL, and the embedded database or

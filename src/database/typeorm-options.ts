@@ -12,7 +12,18 @@ import { ProcessedWebhookEvent } from '../webhooks/processed-webhook-event.entit
 import { migrations } from '../../migrations/index.js';
 import { pspSandboxMigrations } from '#psp-sandbox';
 
-export const entities = [IdempotencyKey, Order, OrderItem, OrderEvent, SubmitToken, Payment, Refund, ProviderAttempt, ProcessedWebhookEvent, LateChargeRefund];
+export const entities = [
+  IdempotencyKey,
+  Order,
+  OrderItem,
+  OrderEvent,
+  SubmitToken,
+  Payment,
+  Refund,
+  ProviderAttempt,
+  ProcessedWebhookEvent,
+  LateChargeRefund,
+];
 
 export interface DatabaseTuning {
   /**

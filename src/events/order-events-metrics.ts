@@ -46,7 +46,9 @@ export class OrderEventsMetrics {
       read()
         .then(set)
         // A scrape must not fail because the database hiccuped: the previous value stays.
-        .catch((err: unknown) => logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events outbox backlog could not be read'));
+        .catch((err: unknown) =>
+          logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'order events outbox backlog could not be read'),
+        );
     new Gauge({
       name: 'order_events_outbox_pending',
       help: 'Order events not yet confirmed by the broker, across all instances, counted at scrape time',

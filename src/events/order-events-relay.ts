@@ -91,7 +91,9 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
       if (this.brokerUp) this.logger.warn({ err: err?.message }, 'order events relay lost RabbitMQ; events wait in the outbox');
       this.brokerUp = false;
     });
-    this.connection.on('connectFailed', ({ err }) => this.logger.debug({ err: err?.message }, 'order events relay could not reach RabbitMQ'));
+    this.connection.on('connectFailed', ({ err }) =>
+      this.logger.debug({ err: err?.message }, 'order events relay could not reach RabbitMQ'),
+    );
     this.channel = this.connection.createChannel({
       name: 'order-events',
       confirm: true,
@@ -151,7 +153,9 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     const confirmed = due.filter((_, i) => outcomes[i].status === 'fulfilled');
     const failed = due.flatMap((event, i) => {
       const outcome = outcomes[i];
-      return outcome.status === 'rejected' ? [{ event, error: outcome.reason instanceof Error ? outcome.reason.message : String(outcome.reason) }] : [];
+      return outcome.status === 'rejected'
+        ? [{ event, error: outcome.reason instanceof Error ? outcome.reason.message : String(outcome.reason) }]
+        : [];
     });
     if (confirmed.length > 0 && this.config.orderEventsRelayFault === 'die-after-confirm') {
       // The at-least-once test's crash: the broker has these messages, the outbox does not know it.
@@ -164,9 +168,10 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     const now = Date.now();
     for (const event of confirmed) this.metrics.lag.observe((now - event.created_at.getTime()) / 1000);
     if (confirmed.length > 0) {
-      await this.db.query(`UPDATE order_events_outbox SET sent_at = now(), last_error = NULL WHERE event_id = ANY($1::uuid[]) AND sent_at IS NULL`, [
-        confirmed.map((e) => e.event_id),
-      ]);
+      await this.db.query(
+        `UPDATE order_events_outbox SET sent_at = now(), last_error = NULL WHERE event_id = ANY($1::uuid[]) AND sent_at IS NULL`,
+        [confirmed.map((e) => e.event_id)],
+      );
     }
     if (failed.length > 0) {
       await this.db.query(
@@ -178,7 +183,10 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
           WHERE o.event_id = f.event_id AND o.sent_at IS NULL`,
         [failed.map((f) => f.event.event_id), BACKOFF_BASE_MS, BACKOFF_CAP_MS, failed.map((f) => f.error)],
       );
-      this.logger.warn({ failed: failed.length, error: failed[0].error }, 'order events not confirmed by RabbitMQ; due again after a backoff');
+      this.logger.warn(
+        { failed: failed.length, error: failed[0].error },
+        'order events not confirmed by RabbitMQ; due again after a backoff',
+      );
     }
   }
 

@@ -20,7 +20,8 @@ const HEALTH_INDICATORS: SchemaObject = {
 const ORDER_EVENTS_RELAY: SchemaObject = {
   type: 'string',
   enum: ['off', 'connected', 'disconnected'],
-  description: 'Whether order events are being published to RabbitMQ: off (AMQP_URL unset), connected, or disconnected (they wait in the outbox).',
+  description:
+    'Whether order events are being published to RabbitMQ: off (AMQP_URL unset), connected, or disconnected (they wait in the outbox).',
 };
 
 /** Each check's status only: the driver's message (host, port, error text) is not for an unauthenticated endpoint. */
@@ -42,7 +43,8 @@ export class HealthController {
   @ApiOperation({
     operationId: 'checkHealth',
     summary: 'Liveness and database reachability',
-    description: 'For load balancers and orchestrators: 200 while the service answers and its database answers a ping within 1 s, else 503. Needs no API key.',
+    description:
+      'For load balancers and orchestrators: 200 while the service answers and its database answers a ping within 1 s, else 503. Needs no API key.',
     // Public (no API key): overrides the document's default bearer requirement.
     security: [],
   })
@@ -52,12 +54,19 @@ export class HealthController {
       '`off` (AMQP_URL unset: they wait in the outbox), `connected`, or `disconnected` (they wait until the broker is back). ' +
       'It never makes the answer a 503: the API works without the broker.',
     schema: {
-      example: { status: 'ok', info: { database: { status: 'up' } }, error: {}, details: { database: { status: 'up' } }, orderEventsRelay: 'connected' },
+      example: {
+        status: 'ok',
+        info: { database: { status: 'up' } },
+        error: {},
+        details: { database: { status: 'up' } },
+        orderEventsRelay: 'connected',
+      },
     },
   })
   @ApiProblems(UNSUPPORTED_MEDIA_TYPE, {
     status: 503,
-    description: 'The database does not answer. The problem carries the same `info`, `error` and `details` members as a 200, naming what is down.',
+    description:
+      'The database does not answer. The problem carries the same `info`, `error` and `details` members as a 200, naming what is down.',
     headers: { 'Retry-After': { description: 'seconds', schema: { type: 'string' } } },
     example: {
       type: 'urn:idempotent-orders:problem:unhealthy',

@@ -36,7 +36,12 @@ export function parseIfMatch(header: string | undefined): number[] {
     }
     const tag = ENTITY_TAG.exec(rest);
     if (!tag) {
-      throw ProblemException.of(400, 'invalid-if-match', 'Invalid If-Match', 'If-Match must be a list of quoted ETags, e.g. If-Match: "3".');
+      throw ProblemException.of(
+        400,
+        'invalid-if-match',
+        'Invalid If-Match',
+        'If-Match must be a list of quoted ETags, e.g. If-Match: "3".',
+      );
     }
     const [, weak, opaque] = tag;
     if (!weak && /^[1-9]\d{0,9}$/.test(opaque) && Number(opaque) <= MAX_VERSION) versions.push(Number(opaque));

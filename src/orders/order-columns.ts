@@ -15,4 +15,5 @@ export const bigintColumn = { type: 'bigint', transformer: bigintToNumber } as c
  * The columns of orders a statement reads, by name: a statement's result never follows the table,
  * so a column added or dropped while the service runs leaves every cached plan's result type as it was.
  */
-export const ORDER_TABLE_COLUMNS = 'id, order_number, status, currency, total_minor, shipping_address, note, version, created_at, updated_at';
+export const ORDER_TABLE_COLUMNS =
+  'id, order_number, status, currency, total_minor, shipping_address, note, version, created_at, updated_at';

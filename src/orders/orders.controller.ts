@@ -39,7 +39,12 @@ import { type ClientTransition, OrdersService } from './orders.service.js';
 import { ApiProblems, type ProblemExample, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '#service-kit';
 
 // Swagger UI renders descriptions as Markdown (HTML included): no angle brackets, or they vanish as a tag.
-const ETAG_HEADER = { ETag: { description: 'The order version in quotes, e.g. "3": send it back as If-Match to change the order.', schema: { type: 'string', example: '"1"' } } };
+const ETAG_HEADER = {
+  ETag: {
+    description: 'The order version in quotes, e.g. "3": send it back as If-Match to change the order.',
+    schema: { type: 'string', example: '"1"' },
+  },
+};
 const RETRY_AFTER_HEADER = { 'Retry-After': { description: 'Seconds to wait before retrying', schema: { type: 'string' } } };
 
 const ORDER_STATUS_MEMBER: SchemaObject = { type: 'string', enum: [...ORDER_STATUSES], description: 'The status the order is in now.' };
@@ -83,7 +88,10 @@ function invalidTransitionExample(target: ClientTransition): ProblemExample {
       currentStatus: current,
       allowedTransitions: nextStatuses(current),
     },
-    members: { currentStatus: ORDER_STATUS_MEMBER, allowedTransitions: { ...ORDER_STATUS_LIST, description: 'The statuses the order may move to from here.' } },
+    members: {
+      currentStatus: ORDER_STATUS_MEMBER,
+      allowedTransitions: { ...ORDER_STATUS_LIST, description: 'The statuses the order may move to from here.' },
+    },
   };
 }
 
@@ -98,7 +106,12 @@ function ApiTransition(target: ClientTransition, summary: string) {
         `concurrent requests exactly one moves it. Asking again once the order is ${target} returns it unchanged: 200, no new event, same ETag.`,
     }),
     ApiOkResponse({ type: OrderView, headers: ETAG_HEADER, description: `The order, now ${target}.` }),
-    ApiProblems(ORDER_NOT_FOUND, invalidTransitionExample(target), CONCURRENT_REQUEST, ...(target === 'cancelled' ? [PAYMENT_IN_PROGRESS] : [])),
+    ApiProblems(
+      ORDER_NOT_FOUND,
+      invalidTransitionExample(target),
+      CONCURRENT_REQUEST,
+      ...(target === 'cancelled' ? [PAYMENT_IN_PROGRESS] : []),
+    ),
   );
 }
 
@@ -148,25 +161,40 @@ export class OrdersController {
       'The server computes totalMinor. orderNumber is the natural key per client. Send exactly one of Idempotency-Key ' +
       '(retries replay the first response) or Submit-Token (from POST /submit-tokens; creates at most one order).',
   })
-  @ApiCreatedResponse({ type: OrderView, description: 'Created.', headers: { Location: { description: '/orders/{id}', schema: { type: 'string' } }, ...ETAG_HEADER } })
-  @ApiOkResponse({ type: OrderView, description: 'An order with this orderNumber was created from the same content (later edits do not count): it is returned as it is now, nothing is created.' })
-  @ApiProblems(VALIDATION_FAILED, {
-    status: 409,
-    description: 'The orderNumber belongs to an order with different content.',
-    example: {
-      type: 'urn:idempotent-orders:problem:order-number-conflict',
-      title: 'Order number already used',
+  @ApiCreatedResponse({
+    type: OrderView,
+    description: 'Created.',
+    headers: { Location: { description: '/orders/{id}', schema: { type: 'string' } }, ...ETAG_HEADER },
+  })
+  @ApiOkResponse({
+    type: OrderView,
+    description:
+      'An order with this orderNumber was created from the same content (later edits do not count): it is returned as it is now, nothing is created.',
+  })
+  @ApiProblems(
+    VALIDATION_FAILED,
+    {
       status: 409,
-      detail: 'Order number PO-1 already belongs to an order with different content.',
-      orderId: '3b7e0c52-8f3e-4c1a-9a53-1f0d2b6e7a91',
+      description: 'The orderNumber belongs to an order with different content.',
+      example: {
+        type: 'urn:idempotent-orders:problem:order-number-conflict',
+        title: 'Order number already used',
+        status: 409,
+        detail: 'Order number PO-1 already belongs to an order with different content.',
+        orderId: '3b7e0c52-8f3e-4c1a-9a53-1f0d2b6e7a91',
+      },
+      members: {
+        orderId: { ...ORDER_ID_MEMBER, description: 'The order that has this orderNumber (absent if it was deleted meanwhile).' },
+      },
+      optionalMembers: ['orderId'],
     },
-    members: { orderId: { ...ORDER_ID_MEMBER, description: 'The order that has this orderNumber (absent if it was deleted meanwhile).' } },
-    optionalMembers: ['orderId'],
-  }, {
-    status: 413,
-    description: 'The body is larger than the limit (64 KiB).',
-    example: { type: 'about:blank', title: 'Payload Too Large', status: 413, detail: 'request entity too large' },
-  }, UNSUPPORTED_MEDIA_TYPE)
+    {
+      status: 413,
+      description: 'The body is larger than the limit (64 KiB).',
+      example: { type: 'about:blank', title: 'Payload Too Large', status: 413, detail: 'request entity too large' },
+    },
+    UNSUPPORTED_MEDIA_TYPE,
+  )
   async createOrder(
     @ClientId() clientId: string,
     @Body() dto: CreateOrderDto,
@@ -179,7 +207,10 @@ export class OrdersController {
         ? await this.orders.createOrder(clientId, dto)
         : await this.submitTokens.consumeSubmitToken(clientId, submitToken, () => this.orders.createOrder(clientId, dto));
     await holdForConformance(res);
-    res.status(created ? HttpStatus.CREATED : HttpStatus.OK).header('Location', `/orders/${order.id}`).header('ETag', versionEtag(order.version));
+    res
+      .status(created ? HttpStatus.CREATED : HttpStatus.OK)
+      .header('Location', `/orders/${order.id}`)
+      .header('ETag', versionEtag(order.version));
     return order;
   }
 
@@ -191,11 +222,19 @@ export class OrdersController {
       'nextCursor is null on the last one. Orders created meanwhile never shift a page.',
   })
   @ApiOkResponse({ type: OrderPage })
-  @ApiProblems({ ...VALIDATION_FAILED, description: 'Invalid limit or status.' }, {
-    status: 400,
-    description: 'cursor is not a nextCursor this API gave out.',
-    example: { type: 'urn:idempotent-orders:problem:invalid-cursor', title: 'Invalid cursor', status: 400, detail: 'cursor must be the nextCursor of a previous page, unchanged.' },
-  })
+  @ApiProblems(
+    { ...VALIDATION_FAILED, description: 'Invalid limit or status.' },
+    {
+      status: 400,
+      description: 'cursor is not a nextCursor this API gave out.',
+      example: {
+        type: 'urn:idempotent-orders:problem:invalid-cursor',
+        title: 'Invalid cursor',
+        status: 400,
+        detail: 'cursor must be the nextCursor of a previous page, unchanged.',
+      },
+    },
+  )
   listOrders(@ClientId() clientId: string, @Query() query: ListOrdersQuery): Promise<OrderPage> {
     return this.orders.listOrders(clientId, query);
   }
@@ -203,7 +242,8 @@ export class OrdersController {
   @Get(':id')
   @ApiOperation({
     summary: 'Read an order',
-    description: "One of your orders. Its ETag is the version to send as If-Match with PATCH. Another client's order is a 404, as if it did not exist.",
+    description:
+      "One of your orders. Its ETag is the version to send as If-Match with PATCH. Another client's order is a 404, as if it did not exist.",
   })
   @ApiOkResponse({ type: OrderView, headers: ETAG_HEADER })
   @ApiProblems(ORDER_NOT_FOUND)
@@ -242,7 +282,10 @@ export class OrdersController {
   }
 
   @Get(':id/events')
-  @ApiOperation({ summary: "An order's status history, oldest first", description: 'One event per status change; repeated requests for a status the order is already in add none.' })
+  @ApiOperation({
+    summary: "An order's status history, oldest first",
+    description: 'One event per status change; repeated requests for a status the order is already in add none.',
+  })
   @ApiOkResponse({ type: [OrderEventView] })
   @ApiProblems(ORDER_NOT_FOUND)
   listOrderEvents(@ClientId() clientId: string, @Param('id') id: string): Promise<OrderEventView[]> {
@@ -261,11 +304,20 @@ export class OrdersController {
   @ApiHeader(IF_MATCH)
   @ApiOkResponse({ type: OrderView, headers: ETAG_HEADER, description: 'The changed order, with its new version.' })
   @ApiProblems(
-    { ...VALIDATION_FAILED, description: 'The body is invalid (unknown fields, neither shippingAddress nor note, bad values), or If-Match is not a list of quoted ETags.' },
+    {
+      ...VALIDATION_FAILED,
+      description:
+        'The body is invalid (unknown fields, neither shippingAddress nor note, bad values), or If-Match is not a list of quoted ETags.',
+    },
     {
       status: 400,
       description: 'If-Match is not a list of quoted ETags.',
-      example: { type: 'urn:idempotent-orders:problem:invalid-if-match', title: 'Invalid If-Match', status: 400, detail: 'If-Match must be a list of quoted ETags, e.g. If-Match: "3".' },
+      example: {
+        type: 'urn:idempotent-orders:problem:invalid-if-match',
+        title: 'Invalid If-Match',
+        status: 400,
+        detail: 'If-Match must be a list of quoted ETags, e.g. If-Match: "3".',
+      },
     },
     ORDER_NOT_FOUND,
     {
@@ -280,12 +332,16 @@ export class OrdersController {
         currentStatus: 'shipped',
         editableStatuses: ['created', 'paid'],
       },
-      members: { currentStatus: ORDER_STATUS_MEMBER, editableStatuses: { ...ORDER_STATUS_LIST, description: 'The statuses in which the details may change.' } },
+      members: {
+        currentStatus: ORDER_STATUS_MEMBER,
+        editableStatuses: { ...ORDER_STATUS_LIST, description: 'The statuses in which the details may change.' },
+      },
     },
     CONCURRENT_REQUEST,
     {
       status: 412,
-      description: 'If-Match names a version the order is no longer at. Nothing was changed; the ETag header has the current version: read the order again and retry.',
+      description:
+        'If-Match names a version the order is no longer at. Nothing was changed; the ETag header has the current version: read the order again and retry.',
       headers: ETAG_HEADER,
       example: {
         type: 'urn:idempotent-orders:problem:stale-version',
@@ -294,12 +350,23 @@ export class OrdersController {
         detail: `Order ${EXAMPLE_ORDER_ID} is at version 4, not the one in If-Match. Read it again (GET /orders/${EXAMPLE_ORDER_ID}) and retry with its ETag.`,
         currentVersion: 4,
       },
-      members: { currentVersion: { type: 'integer', minimum: 1, description: 'The version the order is at now (its ETag is that number in quotes: 3 → "3").' } },
+      members: {
+        currentVersion: {
+          type: 'integer',
+          minimum: 1,
+          description: 'The version the order is at now (its ETag is that number in quotes: 3 → "3").',
+        },
+      },
     },
     {
       status: 428,
       description: 'If-Match is missing (or is *, which names no version).',
-      example: { type: 'urn:idempotent-orders:problem:precondition-required', title: 'Precondition required', status: 428, detail: 'This update needs If-Match with the ETag of your last read of the order, e.g. If-Match: "3".' },
+      example: {
+        type: 'urn:idempotent-orders:problem:precondition-required',
+        title: 'Precondition required',
+        status: 428,
+        detail: 'This update needs If-Match with the ETag of your last read of the order, e.g. If-Match: "3".',
+      },
     },
     UNSUPPORTED_MEDIA_TYPE,
   )

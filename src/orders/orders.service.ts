@@ -351,7 +351,10 @@ export class OrdersService {
     if (dto.shippingAddress === undefined && dto.note === undefined) {
       const messages = ['send shippingAddress, note or both'];
       throw ProblemException.of(400, 'validation-failed', 'Validation failed', 'Send shippingAddress, note or both.', {
-        errors: [{ field: 'shippingAddress', messages }, { field: 'note', messages }],
+        errors: [
+          { field: 'shippingAddress', messages },
+          { field: 'note', messages },
+        ],
       });
     }
     if (!isUUID(id)) throw orderNotFound(id);
@@ -394,7 +397,9 @@ export class OrdersService {
     const rows = await this.db.query<OrderEventRow>(LIST_ORDER_EVENTS, [id, clientId]);
     if (rows.length === 0) throw orderNotFound(id);
     return rows.flatMap((e) =>
-      e.id === null ? [] : [{ id: e.id, orderId: e.order_id, fromStatus: e.from_status, toStatus: e.to_status, createdAt: e.created_at.toISOString() }],
+      e.id === null
+        ? []
+        : [{ id: e.id, orderId: e.order_id, fromStatus: e.from_status, toStatus: e.to_status, createdAt: e.created_at.toISOString() }],
     );
   }
 }

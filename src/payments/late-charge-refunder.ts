@@ -149,7 +149,8 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
         const status = result.kind === 'succeeded' ? 'succeeded' : 'failed';
         await this.settle(row.id, status, result.value.id, result.value.failureCode ?? (status === 'failed' ? 'refund_declined' : null));
         this.metrics.lateChargeRefunds.inc({ outcome: result.kind });
-        if (status === 'failed') this.logger.error({ ...log, alert: true }, 'the provider declined the refund of a late charge: refund it by hand');
+        if (status === 'failed')
+          this.logger.error({ ...log, alert: true }, 'the provider declined the refund of a late charge: refund it by hand');
         else this.logger.log(log, 'late charge refunded');
         return;
       }
@@ -158,7 +159,10 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
         if (row.attempts > 1) return this.unknown(row, log, result);
         await this.settle(row.id, 'failed', null, 'provider_refused');
         this.metrics.lateChargeRefunds.inc({ outcome: 'refused' });
-        this.logger.error({ ...log, alert: true, status: result.status, detail: result.detail }, 'the provider refused the refund of a late charge: refund it by hand');
+        this.logger.error(
+          { ...log, alert: true, status: result.status, detail: result.detail },
+          'the provider refused the refund of a late charge: refund it by hand',
+        );
         return;
       default:
         return this.unknown(row, log, result);
@@ -176,7 +180,10 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
     this.metrics.lateChargeRefunds.inc({ outcome: 'unknown' });
     const fields = { ...log, attempts: row.attempts, retryInSeconds, result };
     if (row.attempts === LATE_REFUND_ALERT_ATTEMPTS) {
-      this.logger.error({ ...fields, alert: true }, 'a late charge is still not refunded after many attempts: the customer paid twice; check the provider');
+      this.logger.error(
+        { ...fields, alert: true },
+        'a late charge is still not refunded after many attempts: the customer paid twice; check the provider',
+      );
     } else {
       this.logger.warn(fields, 'late charge refund outcome unknown; will retry under the same outbound key');
     }

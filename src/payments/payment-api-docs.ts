@@ -9,32 +9,53 @@ import { ApiProblems, type ProblemExample } from '#service-kit';
 const EXAMPLE_ORDER_ID = '6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f';
 const EXAMPLE_PAYMENT_ID = '9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a';
 const EXAMPLE_REFUND_ID = '1d4a8e2b-3c5f-4a7d-9e1b-6c8d0f2a4b6e';
-const RETRY_AFTER = { 'Retry-After': { description: 'Seconds to wait before retrying with the same Idempotency-Key.', schema: { type: 'string' } } };
+const RETRY_AFTER = {
+  'Retry-After': { description: 'Seconds to wait before retrying with the same Idempotency-Key.', schema: { type: 'string' } },
+};
 
 const PAYMENT_ID: SchemaObject = { type: 'string', format: 'uuid', description: 'The payment this problem is about.' };
 const REFUND_ID: SchemaObject = { type: 'string', format: 'uuid', description: 'The refund this problem is about.' };
 const ORDER_ID: SchemaObject = { type: 'string', format: 'uuid', description: 'The order this problem is about.' };
 const FAILURE_CODE: SchemaObject = {
   type: 'string',
-  description: 'Why it failed: card_declined, refund_declined, invalid_source (the provider refused the source), provider_unreachable (the provider never saw it), provider_refused.',
+  description:
+    'Why it failed: card_declined, refund_declined, invalid_source (the provider refused the source), provider_unreachable (the provider never saw it), provider_refused.',
 };
 
 export const PAYMENT_NOT_FOUND: ProblemExample = {
   status: 404,
   description: 'No such payment for this client.',
-  example: { type: 'urn:idempotent-orders:problem:payment-not-found', title: 'Payment not found', status: 404, detail: `There is no payment ${EXAMPLE_PAYMENT_ID}.` },
+  example: {
+    type: 'urn:idempotent-orders:problem:payment-not-found',
+    title: 'Payment not found',
+    status: 404,
+    detail: `There is no payment ${EXAMPLE_PAYMENT_ID}.`,
+  },
 };
 
 export const REFUND_NOT_FOUND: ProblemExample = {
   status: 404,
   description: 'No such refund for this client.',
-  example: { type: 'urn:idempotent-orders:problem:refund-not-found', title: 'Refund not found', status: 404, detail: `There is no refund ${EXAMPLE_REFUND_ID}.` },
+  example: {
+    type: 'urn:idempotent-orders:problem:refund-not-found',
+    title: 'Refund not found',
+    status: 404,
+    detail: `There is no refund ${EXAMPLE_REFUND_ID}.`,
+  },
 };
 
 export const PAYMENT_DECLINED: ProblemExample = {
   status: 402,
-  description: 'The provider declined the charge, refused the source, or never saw it (decided by the reconciler). Final and stored under the key; a new key may pay again.',
-  example: { type: 'urn:idempotent-orders:problem:payment-declined', title: 'Payment declined', status: 402, detail: `Payment ${EXAMPLE_PAYMENT_ID} failed: card_declined.`, paymentId: EXAMPLE_PAYMENT_ID, failureCode: 'card_declined' },
+  description:
+    'The provider declined the charge, refused the source, or never saw it (decided by the reconciler). Final and stored under the key; a new key may pay again.',
+  example: {
+    type: 'urn:idempotent-orders:problem:payment-declined',
+    title: 'Payment declined',
+    status: 402,
+    detail: `Payment ${EXAMPLE_PAYMENT_ID} failed: card_declined.`,
+    paymentId: EXAMPLE_PAYMENT_ID,
+    failureCode: 'card_declined',
+  },
   members: { paymentId: PAYMENT_ID, failureCode: FAILURE_CODE },
 };
 
@@ -49,13 +70,22 @@ export const ORDER_NOT_PAYABLE: ProblemExample = {
     orderId: EXAMPLE_ORDER_ID,
     currentStatus: 'paid',
   },
-  members: { orderId: ORDER_ID, currentStatus: { type: 'string', enum: [...ORDER_STATUSES], description: 'The status the order is in now.' } },
+  members: {
+    orderId: ORDER_ID,
+    currentStatus: { type: 'string', enum: [...ORDER_STATUSES], description: 'The status the order is in now.' },
+  },
 };
 
 export const NOTHING_TO_PAY: ProblemExample = {
   status: 409,
   description: 'The order totals 0. Stored under the key.',
-  example: { type: 'urn:idempotent-orders:problem:nothing-to-pay', title: 'Nothing to pay', status: 409, detail: `Order ${EXAMPLE_ORDER_ID} totals 0.`, orderId: EXAMPLE_ORDER_ID },
+  example: {
+    type: 'urn:idempotent-orders:problem:nothing-to-pay',
+    title: 'Nothing to pay',
+    status: 409,
+    detail: `Order ${EXAMPLE_ORDER_ID} totals 0.`,
+    orderId: EXAMPLE_ORDER_ID,
+  },
   members: { orderId: ORDER_ID },
 };
 
@@ -88,7 +118,8 @@ export const PROVIDER_UNAVAILABLE: ProblemExample = {
 
 export const PAYMENT_PENDING: ProblemExample = {
   status: 503,
-  description: 'The provider has not told us the outcome (timeouts, 5xx). The payment stays pending — it may have been charged. Not stored: retry with the same key, which resumes and asks the provider again under the same outbound key.',
+  description:
+    'The provider has not told us the outcome (timeouts, 5xx). The payment stays pending — it may have been charged. Not stored: retry with the same key, which resumes and asks the provider again under the same outbound key.',
   headers: RETRY_AFTER,
   example: {
     type: 'urn:idempotent-orders:problem:payment-pending',
@@ -183,7 +214,12 @@ export function ApiPhasedIdempotencyKey() {
     ApiResponse({
       status: 'default',
       description: 'Any stored answer replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true.',
-      headers: { [IDEMPOTENT_REPLAYED_HEADER]: { description: 'true when this is the stored answer of an earlier request with the same key', schema: { type: 'string', enum: ['true'] } } },
+      headers: {
+        [IDEMPOTENT_REPLAYED_HEADER]: {
+          description: 'true when this is the stored answer of an earlier request with the same key',
+          schema: { type: 'string', enum: ['true'] },
+        },
+      },
     }),
     ApiProblems(
       {
@@ -198,7 +234,8 @@ export function ApiPhasedIdempotencyKey() {
       },
       {
         status: 409,
-        description: 'A request with this Idempotency-Key is still running (its lease has not run out). Retry after Retry-After seconds: a retry after the lease resumes it.',
+        description:
+          'A request with this Idempotency-Key is still running (its lease has not run out). Retry after Retry-After seconds: a retry after the lease resumes it.',
         headers: RETRY_AFTER,
         example: IDEMPOTENCY_KEY_EXAMPLES.IN_USE,
       },

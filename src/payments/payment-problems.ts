@@ -16,10 +16,16 @@ export function refundNotFound(id: string): ProblemException {
 }
 
 export function orderNotPayable(orderId: string, currentStatus: OrderStatus): ProblemException {
-  return ProblemException.of(409, 'order-not-payable', 'Order cannot be paid', `Order ${orderId} is ${currentStatus}: only a created order can be paid.`, {
-    orderId,
-    currentStatus,
-  });
+  return ProblemException.of(
+    409,
+    'order-not-payable',
+    'Order cannot be paid',
+    `Order ${orderId} is ${currentStatus}: only a created order can be paid.`,
+    {
+      orderId,
+      currentStatus,
+    },
+  );
 }
 
 export function nothingToPay(orderId: string): ProblemException {
@@ -66,11 +72,18 @@ export function paymentPending(paymentId: string, what: 'payment' | 'refund' = '
 }
 
 export function paymentDeclined(paymentId: string, failureCode: string): ProblemException {
-  return ProblemException.of(402, 'payment-declined', 'Payment declined', `Payment ${paymentId} failed: ${failureCode}.`, { paymentId, failureCode });
+  return ProblemException.of(402, 'payment-declined', 'Payment declined', `Payment ${paymentId} failed: ${failureCode}.`, {
+    paymentId,
+    failureCode,
+  });
 }
 
 export function refundDeclined(refundId: string, paymentId: string, failureCode: string): ProblemException {
-  return ProblemException.of(402, 'refund-declined', 'Refund declined', `Refund ${refundId} failed: ${failureCode}.`, { refundId, paymentId, failureCode });
+  return ProblemException.of(402, 'refund-declined', 'Refund declined', `Refund ${refundId} failed: ${failureCode}.`, {
+    refundId,
+    paymentId,
+    failureCode,
+  });
 }
 
 export function refundNotAllowed(paymentId: string, paymentStatus: string, orderStatus: OrderStatus): ProblemException {

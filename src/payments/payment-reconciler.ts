@@ -136,7 +136,7 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     const backoffMs = this.outageBackoffMs();
     const outageAfter = this.outageRuns > 0 ? 1 : OUTAGE_AFTER_UNREACHABLE;
     // The provider away and not yet due for a probe: the keys stay as they are (no write), the sweep still runs.
-    for (let more = Date.now() >= this.probeAt; more && !this.stopping; ) {
+    for (let more = Date.now() >= this.probeAt; more && !this.stopping;) {
       const keys = await this.phases.takeOverExpiredLeases([PAYMENT_CREATED, REFUND_CREATED], RECONCILE_BATCH);
       more = keys.length === RECONCILE_BATCH;
       for (const key of keys) {
@@ -190,7 +190,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     }
     this.outageRuns++;
     this.probeAt = Date.now() + backoffMs;
-    this.logger.warn({ keys, lookups: asked, setAsideMs: backoffMs, runsAway: this.outageRuns }, 'the provider could not be asked; unsettled keys wait for a later run');
+    this.logger.warn(
+      { keys, lookups: asked, setAsideMs: backoffMs, runsAway: this.outageRuns },
+      'the provider could not be asked; unsettled keys wait for a later run',
+    );
   }
 
   /**
@@ -199,7 +202,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
    * reconciler run — which may never come, with RECONCILE_INTERVAL_MS=0. True when it settled.
    */
   async reconcileStalePayment(paymentId: string): Promise<boolean> {
-    const [payment] = await this.db.query<{ idempotency_key_id: string | null }>(`SELECT idempotency_key_id FROM payments WHERE id = $1 AND status = 'pending'`, [paymentId]);
+    const [payment] = await this.db.query<{ idempotency_key_id: string | null }>(
+      `SELECT idempotency_key_id FROM payments WHERE id = $1 AND status = 'pending'`,
+      [paymentId],
+    );
     const key = payment?.idempotency_key_id ? await this.phases.takeOverLease(payment.idempotency_key_id) : undefined;
     if (!key) return false;
     const settled = await this.settleKey(key, (leased) => this.phases.release(leased));
@@ -239,7 +245,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     const table: AttemptTable = key.recoveryPoint === PAYMENT_CREATED ? 'payments' : 'refunds';
     const [row] =
       table === 'payments'
-        ? await this.db.query<RecheckRow>(`SELECT id, id AS payment_id, amount_minor, currency FROM payments WHERE idempotency_key_id = $1`, [key.id])
+        ? await this.db.query<RecheckRow>(
+            `SELECT id, id AS payment_id, amount_minor, currency FROM payments WHERE idempotency_key_id = $1`,
+            [key.id],
+          )
         : await this.db.query<RecheckRow>(
             `SELECT r.id, r.payment_id, r.amount_minor, p.currency FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.idempotency_key_id = $1`,
             [key.id],
@@ -253,7 +262,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
         const windowLeftMs = await this.attempts.landingWindowLeft(table, row.id);
         if (windowLeftMs > 0) {
           await this.phases.setAside(key, windowLeftMs);
-          this.logger.log({ keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, windowLeftMs: Math.round(windowLeftMs) }, 'not at the provider yet, but an attempt may still land: decided later');
+          this.logger.log(
+            { keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, windowLeftMs: Math.round(windowLeftMs) },
+            'not at the provider yet, but an attempt may still land: decided later',
+          );
           return undefined;
         }
         // The window has closed, and the second lookup starts after it and a second after the first: whatever was on
@@ -268,8 +280,14 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     }
     // Stopping: the pool is about to close. The lease runs out and the next run (or instance) asks again.
     if (this.stopping) return undefined;
-    const result = table === 'payments' ? await this.settlement.settlePayment(row.id, outcome, key.leaseToken) : await this.settlement.settleRefund(row.id, outcome, key.leaseToken);
-    this.logger.log({ keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, outcome: outcome.status, result: result.kind }, 'reconciled');
+    const result =
+      table === 'payments'
+        ? await this.settlement.settlePayment(row.id, outcome, key.leaseToken)
+        : await this.settlement.settleRefund(row.id, outcome, key.leaseToken);
+    this.logger.log(
+      { keyId: key.id, [table === 'payments' ? 'paymentId' : 'refundId']: row.id, outcome: outcome.status, result: result.kind },
+      'reconciled',
+    );
     return result;
   }
 
@@ -304,7 +322,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     }
     const rows =
       table === 'payments'
-        ? await this.db.query<RecheckRow>(`SELECT id, id AS payment_id, amount_minor, currency FROM payments WHERE id = ANY($1::uuid[]) AND status = 'failed'`, [ids])
+        ? await this.db.query<RecheckRow>(
+            `SELECT id, id AS payment_id, amount_minor, currency FROM payments WHERE id = ANY($1::uuid[]) AND status = 'failed'`,
+            [ids],
+          )
         : await this.db.query<RecheckRow>(
             `SELECT r.id, r.payment_id, r.amount_minor, p.currency FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = ANY($1::uuid[]) AND r.status = 'failed'`,
             [ids],
@@ -323,7 +344,10 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
         }
         swept.unreachable++;
         // Not answered: this row and the rest are asked again after the backoff, the last look of a row included.
-        await this.attempts.recheckAgain(rows.slice(i).map((r) => r.id), this.outageBackoffMs());
+        await this.attempts.recheckAgain(
+          rows.slice(i).map((r) => r.id),
+          this.outageBackoffMs(),
+        );
         break;
       }
       try {
@@ -338,8 +362,11 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
 
   /** The money the provider moved on a row we failed: a charge is refunded, a refund applied to the books. */
   private async repair(table: AttemptTable, row: RecheckRow, providerId: string): Promise<boolean> {
-    if (table === 'refunds') return (await this.db.transaction(() => this.settlement.applyLateRefund(row.id, providerId, 'sweep'))) === 'applied';
-    const lateRefundId = await this.db.transaction(() => this.settlement.recordLateCharge({ id: row.id, amount_minor: row.amount_minor }, providerId, 'sweep'));
+    if (table === 'refunds')
+      return (await this.db.transaction(() => this.settlement.applyLateRefund(row.id, providerId, 'sweep'))) === 'applied';
+    const lateRefundId = await this.db.transaction(() =>
+      this.settlement.recordLateCharge({ id: row.id, amount_minor: row.amount_minor }, providerId, 'sweep'),
+    );
     if (lateRefundId) this.lateCharges.refundInBackground(lateRefundId);
     return lateRefundId !== undefined;
   }

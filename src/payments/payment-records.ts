@@ -48,7 +48,8 @@ export interface RefundRow {
  */
 export const PAYMENT_COLUMNS =
   'id, client_id, order_id, idempotency_key_id, status, amount_minor, currency, source, provider, provider_transaction_id, outbound_key, refunded_minor, failure_code, created_at, updated_at';
-export const REFUND_COLUMNS = 'id, client_id, payment_id, idempotency_key_id, status, amount_minor, provider, provider_refund_id, outbound_key, failure_code, created_at, updated_at';
+export const REFUND_COLUMNS =
+  'id, client_id, payment_id, idempotency_key_id, status, amount_minor, provider, provider_refund_id, outbound_key, failure_code, created_at, updated_at';
 
 /** `a.id, a.status, …`: a column list read through a table alias. */
 export const prefixed = (alias: string, columns: string) =>

@@ -4,7 +4,15 @@ import { retryOnceOnDeadlock } from '#idempotency/internal';
 import { OrdersService } from '../orders/orders.service.js';
 import { type FoundBy, LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';
-import { PAYMENT_COLUMNS, paymentAnswer, type PaymentRow, prefixed, REFUND_COLUMNS, refundAnswer, type RefundRow } from './payment-records.js';
+import {
+  PAYMENT_COLUMNS,
+  paymentAnswer,
+  type PaymentRow,
+  prefixed,
+  REFUND_COLUMNS,
+  refundAnswer,
+  type RefundRow,
+} from './payment-records.js';
 import { ProviderAttempts } from './provider-attempts.js';
 
 /** The failure code of a payment or refund we failed without the provider's word: the sweep keeps asking about those. */
@@ -15,8 +23,7 @@ export type LateRefundResult = 'applied' | 'already-applied' | 'no-room';
 
 /** What the provider said about a charge or a refund (or, for provider_unreachable, that it never saw one). */
 export type ProviderOutcome =
-  | { status: 'succeeded'; providerId: string }
-  | { status: 'failed'; failureCode: string; providerId?: string | null };
+  { status: 'succeeded'; providerId: string } | { status: 'failed'; failureCode: string; providerId?: string | null };
 
 export type Settled =
   /** The key's answer: the one this settler stored, or the one whoever settled first stored. `changed`: this settler settled it. */
@@ -49,7 +56,9 @@ export class PaymentSettlement {
    * A confirmed charge for a payment already failed (or settled with another charge) is refunded once this commits.
    */
   async settlePayment(paymentId: string, outcome: ProviderOutcome, leaseToken?: string): Promise<Settled> {
-    const settled = await retryOnceOnDeadlock(() => this.db.transaction(() => this.applyPaymentOutcome(paymentId, outcome, leaseToken, 'settler')));
+    const settled = await retryOnceOnDeadlock(() =>
+      this.db.transaction(() => this.applyPaymentOutcome(paymentId, outcome, leaseToken, 'settler')),
+    );
     if (settled.kind === 'answered' && settled.lateRefundId) this.lateCharges.refundInBackground(settled.lateRefundId);
     return settled;
   }
@@ -65,7 +74,12 @@ export class PaymentSettlement {
    * its own, but a provider's confirmation (an outcome with the provider's id) is a fact, whoever holds the key:
    * it is applied as a webhook's would be, never dropped.
    */
-  async applyPaymentOutcome(paymentId: string, outcome: ProviderOutcome, leaseToken: string | undefined, foundBy: FoundBy): Promise<Settled> {
+  async applyPaymentOutcome(
+    paymentId: string,
+    outcome: ProviderOutcome,
+    leaseToken: string | undefined,
+    foundBy: FoundBy,
+  ): Promise<Settled> {
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]);
     if (!payment) throw new Error(`payment ${paymentId} vanished while being settled`);
     const lock = await this.lockKey(payment.idempotency_key_id, leaseToken, outcome);
@@ -85,7 +99,10 @@ export class PaymentSettlement {
     const current = settled ?? (await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]))[0];
     // The provider confirms a charge, but the payment was settled otherwise first (failed as never reached, or paid
     // with another charge): that money is not ours to keep, and dropping the confirmation would keep it.
-    const lateRefundId = !settled && outcome.status === 'succeeded' && isLateCharge(current, outcome.providerId) ? await this.recordLateCharge(current, outcome.providerId, foundBy) : undefined;
+    const lateRefundId =
+      !settled && outcome.status === 'succeeded' && isLateCharge(current, outcome.providerId)
+        ? await this.recordLateCharge(current, outcome.providerId, foundBy)
+        : undefined;
     const answered = this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
     return answered.kind === 'answered' && lateRefundId ? { ...answered, lateRefundId } : answered;
   }
@@ -111,7 +128,9 @@ export class PaymentSettlement {
     const key = lock.key;
     // Order, then payment, in one write: the lock order holds, as the statements run in the order sent.
     this.db.defer(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
-    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [refund.payment_id]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [
+      refund.payment_id,
+    ]);
     const [settled] = await this.db.query<RefundRow>(
       `UPDATE refunds
           SET status = $2, provider_refund_id = coalesce($3, provider_refund_id), failure_code = $4, updated_at = now()
@@ -121,13 +140,17 @@ export class PaymentSettlement {
     );
     if (settled?.status === 'failed') {
       // Only the transaction that failed the refund gives its reservation back: exactly once.
-      await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor - $2, updated_at = now() WHERE id = $1`, [payment.id, settled.amount_minor]);
+      await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor - $2, updated_at = now() WHERE id = $1`, [
+        payment.id,
+        settled.amount_minor,
+      ]);
     }
     if (settled?.status === 'succeeded') await this.refundedInFull(payment);
     if (settled?.failure_code === NEVER_REACHED_CODE) this.attempts.failedUnreached('refunds', settled.id);
     const current = settled ?? (await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1`, [refundId]))[0];
     // The provider confirms a refund we had already failed (never reached): the money went back, so the books must say so.
-    if (!settled && outcome.status === 'succeeded' && current.status === 'failed') await this.applyLateRefund(current.id, outcome.providerId, foundBy);
+    if (!settled && outcome.status === 'succeeded' && current.status === 'failed')
+      await this.applyLateRefund(current.id, outcome.providerId, foundBy);
     if (!settled && outcome.status === 'succeeded') this.alertIfSecondRefund(current, outcome.providerId, foundBy);
     return this.answer(key, refund.idempotency_key_id, refundAnswer(current), settled !== undefined);
   }
@@ -136,7 +159,11 @@ export class PaymentSettlement {
    * A second provider refund for one refund of ours already succeeded (as a second charge is for a payment): the
    * customer got the money twice, which only a person can take back. Said loudly and counted, never dropped. True when it was one.
    */
-  alertIfSecondRefund(refund: Pick<RefundRow, 'id' | 'payment_id' | 'status' | 'provider_refund_id'>, providerRefundId: string, foundBy: FoundBy): boolean {
+  alertIfSecondRefund(
+    refund: Pick<RefundRow, 'id' | 'payment_id' | 'status' | 'provider_refund_id'>,
+    providerRefundId: string,
+    foundBy: FoundBy,
+  ): boolean {
     if (refund.status !== 'succeeded' || refund.provider_refund_id === providerRefundId) return false;
     this.metrics.lateLandings.inc({ kind: 'second_refund', found_by: foundBy });
     this.logger.error(
@@ -159,22 +186,33 @@ export class PaymentSettlement {
     );
     if (!facts) throw new Error(`refund ${refundId} vanished while a late refund was applied to it`);
     await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [facts.order_id]);
-    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [facts.payment_id]);
+    const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [
+      facts.payment_id,
+    ]);
     const [refund] = await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 FOR UPDATE`, [refundId]);
     if (refund.status !== 'failed') return 'already-applied';
     const amount = Number(refund.amount_minor);
     if (Number(payment.refunded_minor) + amount > Number(payment.amount_minor)) {
       // Our books already hold more than the payment for refunds (another one pending): the provider will refuse that
       // one, but this cannot be squared automatically without guessing. Say so loudly; the sweep asks again later.
-      this.logger.error({ refundId, paymentId: payment.id, providerRefundId, alert: true }, 'a refund landed late but our reservations leave no room for it: reconcile by hand');
+      this.logger.error(
+        { refundId, paymentId: payment.id, providerRefundId, alert: true },
+        'a refund landed late but our reservations leave no room for it: reconcile by hand',
+      );
       return 'no-room';
     }
-    await this.db.query(`UPDATE refunds SET status = 'succeeded', provider_refund_id = $2, failure_code = NULL, updated_at = now() WHERE id = $1`, [refundId, providerRefundId]);
+    await this.db.query(
+      `UPDATE refunds SET status = 'succeeded', provider_refund_id = $2, failure_code = NULL, updated_at = now() WHERE id = $1`,
+      [refundId, providerRefundId],
+    );
     this.attempts.found(refundId);
     await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1`, [payment.id, amount]);
     await this.refundedInFull(payment);
     this.metrics.lateLandings.inc({ kind: 'refund', found_by: foundBy });
-    this.logger.warn({ refundId, paymentId: payment.id, providerRefundId, amountMinor: amount, foundBy }, 'a refund we had failed landed at the provider: applied to the books');
+    this.logger.warn(
+      { refundId, paymentId: payment.id, providerRefundId, amountMinor: amount, foundBy },
+      'a refund we had failed landed at the provider: applied to the books',
+    );
     return 'applied';
   }
 
@@ -201,7 +239,8 @@ export class PaymentSettlement {
       `SELECT coalesce(sum(amount_minor), 0) AS refunded FROM refunds WHERE payment_id = $1 AND status = 'succeeded'`,
       [payment.id],
     );
-    if (Number(refunded) === Number(payment.amount_minor)) await this.orders.transitionOrder(payment.client_id, payment.order_id, 'refunded');
+    if (Number(refunded) === Number(payment.amount_minor))
+      await this.orders.transitionOrder(payment.client_id, payment.order_id, 'refunded');
   }
 
   /** Completes the key with `answer` when it is still open; when someone completed it first, their stored answer wins. */
@@ -213,7 +252,6 @@ export class PaymentSettlement {
     return { kind: 'answered', response: key && !key.owned && key.response ? key.response : answer, changed };
   }
 }
-
 
 type KeyLock = Awaited<ReturnType<AtomicPhases['lockForSettling']>>;
 

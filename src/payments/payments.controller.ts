@@ -20,7 +20,6 @@ import { PaymentList, PaymentView } from './dto/payment.view.js';
 import { PaymentsService } from './payments.service.js';
 import { ApiProblems, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '#service-kit';
 
-
 @ApiTags('payments')
 @ApiBearerAuth()
 @ApiProblems(UNAUTHORIZED)
@@ -41,15 +40,37 @@ export class PaymentsController {
       'provider is called; the outcome and the answer are committed together after. A decline (402) is final and stored; a new key may pay ' +
       'again. An unknown outcome (503 payment-pending) is not: retry with the same key.',
   })
-  @ApiCreatedResponse({ type: PaymentView, description: 'Paid: the order is now paid.', headers: { Location: { description: '/payments/{id}', schema: { type: 'string' } } } })
-  @ApiProblems(VALIDATION_FAILED, PAYMENT_DECLINED, ORDER_NOT_FOUND, ORDER_NOT_PAYABLE, NOTHING_TO_PAY, PAYMENT_IN_PROGRESS, PROVIDER_UNAVAILABLE, PAYMENT_PENDING, UNSUPPORTED_MEDIA_TYPE)
-  async payOrder(@Req() req: Request, @Param('id') orderId: string, @Body() dto: PayOrderDto, @Res({ passthrough: true }) res: Response): Promise<string> {
+  @ApiCreatedResponse({
+    type: PaymentView,
+    description: 'Paid: the order is now paid.',
+    headers: { Location: { description: '/payments/{id}', schema: { type: 'string' } } },
+  })
+  @ApiProblems(
+    VALIDATION_FAILED,
+    PAYMENT_DECLINED,
+    ORDER_NOT_FOUND,
+    ORDER_NOT_PAYABLE,
+    NOTHING_TO_PAY,
+    PAYMENT_IN_PROGRESS,
+    PROVIDER_UNAVAILABLE,
+    PAYMENT_PENDING,
+    UNSUPPORTED_MEDIA_TYPE,
+  )
+  async payOrder(
+    @Req() req: Request,
+    @Param('id') orderId: string,
+    @Body() dto: PayOrderDto,
+    @Res({ passthrough: true }) res: Response,
+  ): Promise<string> {
     const { response, replayed } = await this.payments.payOrder(this.phases.scopeOf(req), orderId, dto.source);
     return writeStoredResponse(res, response, replayed);
   }
 
   @Get('orders/:id/payments')
-  @ApiOperation({ summary: "An order's payments, oldest first", description: 'Failed payments stay listed; at most one is pending or succeeded.' })
+  @ApiOperation({
+    summary: "An order's payments, oldest first",
+    description: 'Failed payments stay listed; at most one is pending or succeeded.',
+  })
   @ApiOkResponse({ type: PaymentList })
   @ApiProblems(ORDER_NOT_FOUND)
   async listOrderPayments(@ClientId() clientId: string, @Param('id') orderId: string): Promise<PaymentList> {

@@ -14,7 +14,16 @@ import { RefundsService } from './refunds.service.js';
 @Module({
   imports: [OrdersModule],
   controllers: [PaymentsController, RefundsController],
-  providers: [PaymentsService, RefundsService, PhasedOperation, PaymentSettlement, PaymentReconciler, PaymentMetrics, LateChargeRefunder, ProviderAttempts],
+  providers: [
+    PaymentsService,
+    RefundsService,
+    PhasedOperation,
+    PaymentSettlement,
+    PaymentReconciler,
+    PaymentMetrics,
+    LateChargeRefunder,
+    ProviderAttempts,
+  ],
   exports: [PaymentSettlement, LateChargeRefunder],
 })
 export class PaymentsModule {}

@@ -31,8 +31,12 @@ export class PaymentsService {
     try {
       return await this.phased.run(scope, this.paymentOf(scope.clientId, orderId, source));
     } catch (err) {
-      // Another key's payment of this order is pending (only phase 1 says so). If its request is gone (lease run out), settle it first, then try once more.
-      const stale = err instanceof ProblemException && err.problem.type === problemType('payment-in-progress') && typeof err.problem.paymentId === 'string';
+      // Another key's payment of this order is pending (only phase 1 says so). If its request is gone (lease run out), settle it first,
+      // then try once more.
+      const stale =
+        err instanceof ProblemException &&
+        err.problem.type === problemType('payment-in-progress') &&
+        typeof err.problem.paymentId === 'string';
       if (!stale || !(await this.reconciler.reconcileStalePayment(err.problem.paymentId as string))) throw err;
       return this.phased.run(scope, this.paymentOf(scope.clientId, orderId, source));
     }
@@ -44,10 +48,20 @@ export class PaymentsService {
       created: PAYMENT_CREATED,
       create: (keyId) => this.createPendingPayment(clientId, orderId, source, keyId),
       load: (id) => this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [id]),
-      find: (p) => this.psp.findChargesByPayment(p.id, { amountMinor: Number(p.amount_minor), currency: p.currency }).then(foundChargeOutcome),
+      find: (p) =>
+        this.psp.findChargesByPayment(p.id, { amountMinor: Number(p.amount_minor), currency: p.currency }).then(foundChargeOutcome),
       send: (p, deadline, earlierAttempt) =>
         this.psp
-          .createCharge({ amountMinor: Number(p.amount_minor), currency: p.currency, source: p.source, metadata: { orderId: p.order_id, paymentId: p.id } }, p.outbound_key, deadline)
+          .createCharge(
+            {
+              amountMinor: Number(p.amount_minor),
+              currency: p.currency,
+              source: p.source,
+              metadata: { orderId: p.order_id, paymentId: p.id },
+            },
+            p.outbound_key,
+            deadline,
+          )
           .then((result) => chargeOutcome(result, earlierAttempt)),
       recorded: (p) => recordedOutcome(p.status, p.provider_transaction_id, p.failure_code),
       settle: (id, outcome, leaseToken) => this.settlement.settlePayment(id, outcome, leaseToken),
@@ -59,7 +73,12 @@ export class PaymentsService {
    * checked, and the payment inserted pending with its outbound key. A stored refusal (404, 409)
    * is returned; a temporary one (another payment in progress) is thrown, so the key is released.
    */
-  private async createPendingPayment(clientId: string, orderId: string, source: string, keyId: string): Promise<{ row: PaymentRow } | { refusal: ProblemException }> {
+  private async createPendingPayment(
+    clientId: string,
+    orderId: string,
+    source: string,
+    keyId: string,
+  ): Promise<{ row: PaymentRow } | { refusal: ProblemException }> {
     const [order] = isUUID(orderId)
       ? await this.db.query<{ status: OrderStatus; total_minor: string; currency: string }>(
           `SELECT status, total_minor, currency FROM orders WHERE id = $1 AND client_id = $2 FOR UPDATE`,
@@ -79,7 +98,10 @@ export class PaymentsService {
       [clientId, orderId, keyId, order.total_minor, order.currency, source, outboundKeyOf('payment', '')],
     );
     if (payment) return { row: payment };
-    const [active] = await this.db.query<{ id: string }>(`SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, [orderId]);
+    const [active] = await this.db.query<{ id: string }>(
+      `SELECT id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`,
+      [orderId],
+    );
     throw paymentInProgress(active?.id ?? 'unknown');
   }
 
@@ -95,9 +117,10 @@ export class PaymentsService {
   }
 
   async findPayment(clientId: string, id: string): Promise<PaymentView> {
-    const [row] = isUUID(id) ? await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
+    const [row] = isUUID(id)
+      ? await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND client_id = $2`, [id, clientId])
+      : [];
     if (!row) throw paymentNotFound(id);
     return toPaymentView(row);
   }
 }
-

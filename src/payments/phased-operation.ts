@@ -20,8 +20,10 @@ export type PhasedRow = Pick<PaymentRow, 'id' | 'status' | 'created_at'>;
 /**
  * What differs between a payment and a refund; the phases, the resume and the fencing are PhasedOperation's.
  * `table` names the subject; `create` is phase 1's writes in the claim's transaction (the pending row, or a refusal stored as the answer),
- * ending at recovery point `created`; `load` reads the row of a resumed key; `find` looks the row up at the provider (a resume asks it first); `send`
- * calls out under the row's outbound key by the holder's deadline (`earlierAttempt`: a resumed key's, so an attempt before it may still land and a
+ * ending at recovery point `created`; `load` reads the row of a resumed key; `find` looks the row up at the provider (a resume asks it
+ * first); `send`
+ * calls out under the row's outbound key by the holder's deadline (`earlierAttempt`: a resumed key's, so an attempt before it may still
+ * land and a
  * refusal is no answer); `recorded` is what the row already says.
  */
 export interface PhasedSubject<Row extends PhasedRow> {
@@ -92,7 +94,10 @@ export class PhasedOperation {
    * dedupes with an earlier attempt that lands late. Past the re-send window (ProviderAttempts.mayResend) it sends
    * nothing and decides by lookups, as the reconciler does. An unknown outcome releases the lease and answers 503: NOT stored.
    */
-  private async callAndSettle<Row extends PhasedRow>(subject: PhasedSubject<Row>, phase1: Exclude<Phase1<Row>, { answer: KeyAnswer }>): Promise<StoredResponse> {
+  private async callAndSettle<Row extends PhasedRow>(
+    subject: PhasedSubject<Row>,
+    phase1: Exclude<Phase1<Row>, { answer: KeyAnswer }>,
+  ): Promise<StoredResponse> {
     const { key, resumed } = phase1;
     // Only this holder can have moved a row it has just inserted (it holds the lease, and nothing was sent yet).
     const row = phase1.resumed ? (await subject.load(phase1.id))[0] : phase1.row;

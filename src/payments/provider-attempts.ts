@@ -112,7 +112,10 @@ export class ProviderAttempts {
   mayResend(createdAt: Date): boolean {
     const { pspKeyRetentionHours, pspMaxLatencyMs, idempotencyLeaseSeconds } = this.config;
     const created = createdAt.getTime();
-    const lastSafeSend = Math.min(created + pspMaxLatencyMs, created + pspKeyRetentionHours * 3_600_000 - pspMaxLatencyMs - idempotencyLeaseSeconds * 1000);
+    const lastSafeSend = Math.min(
+      created + pspMaxLatencyMs,
+      created + pspKeyRetentionHours * 3_600_000 - pspMaxLatencyMs - idempotencyLeaseSeconds * 1000,
+    );
     return Date.now() < lastSafeSend;
   }
 
@@ -187,7 +190,10 @@ export class ProviderAttempts {
 
   /** Locks the key row (the first lock of the lock order) if this holder still holds it. */
   private async holds(key: LeasedKey): Promise<boolean> {
-    const rows = await this.db.query(`SELECT 1 FROM idempotency_keys WHERE id = $1 AND lease_token = $2 AND state = 'in_progress' FOR UPDATE`, [key.id, key.leaseToken]);
+    const rows = await this.db.query(
+      `SELECT 1 FROM idempotency_keys WHERE id = $1 AND lease_token = $2 AND state = 'in_progress' FOR UPDATE`,
+      [key.id, key.leaseToken],
+    );
     return rows.length === 1;
   }
 }

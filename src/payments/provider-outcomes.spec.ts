@@ -14,8 +14,15 @@ const charge = (status: 'succeeded' | 'failed', failureCode: string | null = nul
 describe('provider outcomes: what is final and what is not', () => {
   it('a success and a decline are final; a refusal of the request fails the payment with invalid_source', () => {
     expect(chargeOutcome({ kind: 'succeeded', value: charge('succeeded') })).toEqual({ status: 'succeeded', providerId: 'ch_succeeded' });
-    expect(chargeOutcome({ kind: 'declined', value: charge('failed', 'card_declined') })).toEqual({ status: 'failed', failureCode: 'card_declined', providerId: 'ch_failed' });
-    expect(chargeOutcome({ kind: 'refused', status: 400, detail: 'unknown token' })).toEqual({ status: 'failed', failureCode: 'invalid_source' });
+    expect(chargeOutcome({ kind: 'declined', value: charge('failed', 'card_declined') })).toEqual({
+      status: 'failed',
+      failureCode: 'card_declined',
+      providerId: 'ch_failed',
+    });
+    expect(chargeOutcome({ kind: 'refused', status: 400, detail: 'unknown token' })).toEqual({
+      status: 'failed',
+      failureCode: 'invalid_source',
+    });
     expect(chargeOutcome({ kind: 'refused', status: 422, detail: 'x' })).toEqual({ status: 'failed', failureCode: 'provider_refused' });
   });
 
@@ -28,11 +35,18 @@ describe('provider outcomes: what is final and what is not', () => {
   it('a refusal after an earlier attempt of the same write (a resumed key) decides nothing: that attempt may still land', () => {
     expect(chargeOutcome({ kind: 'refused', status: 422, detail: 'x' }, true)).toBeUndefined();
     expect(refundOutcome({ kind: 'refused', status: 404, detail: 'x' }, true)).toBeUndefined();
-    expect(chargeOutcome({ kind: 'declined', value: charge('failed', 'card_declined') }, true)).toEqual({ status: 'failed', failureCode: 'card_declined', providerId: 'ch_failed' });
+    expect(chargeOutcome({ kind: 'declined', value: charge('failed', 'card_declined') }, true)).toEqual({
+      status: 'failed',
+      failureCode: 'card_declined',
+      providerId: 'ch_failed',
+    });
   });
 
   it('a lookup prefers a succeeded charge, and finding none decides nothing', () => {
-    expect(foundChargeOutcome([charge('failed', 'card_declined'), charge('succeeded')])).toEqual({ status: 'succeeded', providerId: 'ch_succeeded' });
+    expect(foundChargeOutcome([charge('failed', 'card_declined'), charge('succeeded')])).toEqual({
+      status: 'succeeded',
+      providerId: 'ch_succeeded',
+    });
     expect(foundChargeOutcome([])).toBeUndefined();
     expect(foundRefundOutcome([])).toBeUndefined();
   });

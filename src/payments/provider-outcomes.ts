@@ -25,7 +25,9 @@ export function chargeOutcome(result: PspCallResult<PspCharge>, earlierAttempt =
 export function foundChargeOutcome(charges: PspCharge[]): ProviderOutcome | undefined {
   const charge = charges.find((c) => c.status === 'succeeded') ?? charges[0];
   if (!charge) return undefined;
-  return charge.status === 'succeeded' ? { status: 'succeeded', providerId: charge.id } : { status: 'failed', failureCode: charge.failureCode ?? 'card_declined', providerId: charge.id };
+  return charge.status === 'succeeded'
+    ? { status: 'succeeded', providerId: charge.id }
+    : { status: 'failed', failureCode: charge.failureCode ?? 'card_declined', providerId: charge.id };
 }
 
 /** A provider's answer about a refund; undefined when the outcome is not known (`earlierAttempt`: as for a charge). */
@@ -47,13 +49,21 @@ export function refundOutcome(result: PspCallResult<PspRefund>, earlierAttempt =
 export function foundRefundOutcome(refunds: PspRefund[]): ProviderOutcome | undefined {
   const refund = refunds.find((r) => r.status === 'succeeded') ?? refunds[0];
   if (!refund) return undefined;
-  return refund.status === 'succeeded' ? { status: 'succeeded', providerId: refund.id } : { status: 'failed', failureCode: refund.failureCode ?? 'refund_declined', providerId: refund.id };
+  return refund.status === 'succeeded'
+    ? { status: 'succeeded', providerId: refund.id }
+    : { status: 'failed', failureCode: refund.failureCode ?? 'refund_declined', providerId: refund.id };
 }
 
 /**
  * The outcome already recorded on a payment or refund that is no longer pending (its provider id:
  * `provider_transaction_id` or `provider_refund_id`), for settling it again as it is.
  */
-export function recordedOutcome(status: 'pending' | 'succeeded' | 'failed', providerId: string | null, failureCode: string | null): ProviderOutcome {
-  return status === 'succeeded' ? { status: 'succeeded', providerId: providerId! } : { status: 'failed', failureCode: failureCode ?? 'unknown', providerId };
+export function recordedOutcome(
+  status: 'pending' | 'succeeded' | 'failed',
+  providerId: string | null,
+  failureCode: string | null,
+): ProviderOutcome {
+  return status === 'succeeded'
+    ? { status: 'succeeded', providerId: providerId! }
+    : { status: 'failed', failureCode: failureCode ?? 'unknown', providerId };
 }

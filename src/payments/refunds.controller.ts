@@ -20,7 +20,6 @@ import { RefundList, RefundView } from './dto/refund.view.js';
 import { RefundsService } from './refunds.service.js';
 import { ApiProblems, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '#service-kit';
 
-
 @ApiTags('payments')
 @ApiBearerAuth()
 @ApiProblems(UNAUTHORIZED)
@@ -40,15 +39,36 @@ export class RefundsController {
       'Only a succeeded payment of a cancelled order. The amount (default: what remains) is reserved by one conditional UPDATE before the ' +
       'provider is called, so parallel refunds never exceed the payment. When the settled refunds reach the amount, the order becomes refunded.',
   })
-  @ApiCreatedResponse({ type: RefundView, description: 'Refunded.', headers: { Location: { description: '/refunds/{id}', schema: { type: 'string' } } } })
-  @ApiProblems(VALIDATION_FAILED, REFUND_DECLINED, PAYMENT_NOT_FOUND, REFUND_NOT_ALLOWED, REFUND_EXCEEDS_PAYMENT, PROVIDER_UNAVAILABLE, REFUND_PENDING, UNSUPPORTED_MEDIA_TYPE)
-  async refundPayment(@Req() req: Request, @Param('id') paymentId: string, @Body() dto: RefundPaymentDto, @Res({ passthrough: true }) res: Response): Promise<string> {
+  @ApiCreatedResponse({
+    type: RefundView,
+    description: 'Refunded.',
+    headers: { Location: { description: '/refunds/{id}', schema: { type: 'string' } } },
+  })
+  @ApiProblems(
+    VALIDATION_FAILED,
+    REFUND_DECLINED,
+    PAYMENT_NOT_FOUND,
+    REFUND_NOT_ALLOWED,
+    REFUND_EXCEEDS_PAYMENT,
+    PROVIDER_UNAVAILABLE,
+    REFUND_PENDING,
+    UNSUPPORTED_MEDIA_TYPE,
+  )
+  async refundPayment(
+    @Req() req: Request,
+    @Param('id') paymentId: string,
+    @Body() dto: RefundPaymentDto,
+    @Res({ passthrough: true }) res: Response,
+  ): Promise<string> {
     const { response, replayed } = await this.refunds.refundPayment(this.phases.scopeOf(req), paymentId, dto.amountMinor);
     return writeStoredResponse(res, response, replayed);
   }
 
   @Get('payments/:id/refunds')
-  @ApiOperation({ summary: "A payment's refunds, oldest first", description: 'Every refund asked for, pending, succeeded or failed; the failed ones reserve nothing.' })
+  @ApiOperation({
+    summary: "A payment's refunds, oldest first",
+    description: 'Every refund asked for, pending, succeeded or failed; the failed ones reserve nothing.',
+  })
   @ApiOkResponse({ type: RefundList })
   @ApiProblems(PAYMENT_NOT_FOUND)
   async listPaymentRefunds(@ClientId() clientId: string, @Param('id') paymentId: string): Promise<RefundList> {
@@ -56,7 +76,11 @@ export class RefundsController {
   }
 
   @Get('refunds/:id')
-  @ApiOperation({ summary: 'Read a refund', description: 'A pending refund is still being decided with the provider; it settles on a retry of its key, through the reconciler or a webhook.' })
+  @ApiOperation({
+    summary: 'Read a refund',
+    description:
+      'A pending refund is still being decided with the provider; it settles on a retry of its key, through the reconciler or a webhook.',
+  })
   @ApiOkResponse({ type: RefundView })
   @ApiProblems(REFUND_NOT_FOUND)
   findRefund(@ClientId() clientId: string, @Param('id') id: string): Promise<RefundView> {

@@ -5,7 +5,16 @@ import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';
 import { paymentNotFound, refundExceedsPayment, refundNotAllowed, refundNotFound } from './payment-problems.js';
-import { outboundKeyOf, PAYMENT_COLUMNS, type PaymentRow, prefixed, REFUND_COLUMNS, REFUND_CREATED, type RefundRow, toRefundView } from './payment-records.js';
+import {
+  outboundKeyOf,
+  PAYMENT_COLUMNS,
+  type PaymentRow,
+  prefixed,
+  REFUND_COLUMNS,
+  REFUND_CREATED,
+  type RefundRow,
+  toRefundView,
+} from './payment-records.js';
 import { PaymentSettlement } from './payment-settlement.js';
 import { type KeyAnswer, PhasedOperation } from './phased-operation.js';
 import { foundRefundOutcome, recordedOutcome, refundOutcome } from './provider-outcomes.js';
@@ -41,10 +50,15 @@ export class RefundsService {
           `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
           [id],
         ),
-      find: (r) => this.psp.findRefundsByRefund(r.id, { paymentId: r.payment_id, amountMinor: Number(r.amount_minor) }).then(foundRefundOutcome),
+      find: (r) =>
+        this.psp.findRefundsByRefund(r.id, { paymentId: r.payment_id, amountMinor: Number(r.amount_minor) }).then(foundRefundOutcome),
       send: (r, deadline, earlierAttempt) =>
         this.psp
-          .createRefund({ chargeId: r.charge_id, amountMinor: Number(r.amount_minor), metadata: { refundId: r.id, paymentId: r.payment_id } }, r.outbound_key, deadline)
+          .createRefund(
+            { chargeId: r.charge_id, amountMinor: Number(r.amount_minor), metadata: { refundId: r.id, paymentId: r.payment_id } },
+            r.outbound_key,
+            deadline,
+          )
           .then((result) => refundOutcome(result, earlierAttempt)),
       recorded: (r) => recordedOutcome(r.status, r.provider_refund_id, r.failure_code),
       settle: (id, outcome, leaseToken) => this.settlement.settleRefund(id, outcome, leaseToken),
@@ -58,20 +72,17 @@ export class RefundsService {
     amountMinor: number | undefined,
     keyId: string,
   ): Promise<{ row: RefundRow & { charge_id: string } } | { refusal: ProblemException }> {
-    const [found] = isUUID(paymentId) ? await this.db.query<{ order_id: string }>(`SELECT order_id FROM payments WHERE id = $1 AND client_id = $2`, [paymentId, clientId]) : [];
+    const [found] = isUUID(paymentId)
+      ? await this.db.query<{ order_id: string }>(`SELECT order_id FROM payments WHERE id = $1 AND client_id = $2`, [paymentId, clientId])
+      : [];
     if (!found) return { refusal: paymentNotFound(paymentId) };
     const [order] = await this.db.query<{ status: OrderStatus }>(`SELECT status FROM orders WHERE id = $1 FOR UPDATE`, [found.order_id]);
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [paymentId]);
-    if (payment.status !== 'succeeded' || order.status !== 'cancelled') return { refusal: refundNotAllowed(paymentId, payment.status, order.status) };
+    if (payment.status !== 'succeeded' || order.status !== 'cancelled')
+      return { refusal: refundNotAllowed(paymentId, payment.status, order.status) };
     const refundable = Number(payment.amount_minor) - Number(payment.refunded_minor);
     const amount = amountMinor ?? refundable;
-    const [reserved] =
-      amount > 0
-        ? await this.db.query(
-            RESERVE_REFUND,
-            [paymentId, amount],
-          )
-        : [];
+    const [reserved] = amount > 0 ? await this.db.query(RESERVE_REFUND, [paymentId, amount]) : [];
     if (!reserved) return { refusal: refundExceedsPayment(paymentId, amount, refundable) };
     const [refund] = await this.db.query<RefundRow>(
       `INSERT INTO refunds (id, client_id, payment_id, idempotency_key_id, amount_minor, outbound_key)
@@ -94,9 +105,10 @@ export class RefundsService {
   }
 
   async findRefund(clientId: string, id: string): Promise<RefundView> {
-    const [row] = isUUID(id) ? await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 AND client_id = $2`, [id, clientId]) : [];
+    const [row] = isUUID(id)
+      ? await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1 AND client_id = $2`, [id, clientId])
+      : [];
     if (!row) throw refundNotFound(id);
     return toRefundView(row);
   }
 }
-

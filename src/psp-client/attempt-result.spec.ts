@@ -1,6 +1,7 @@
 import { describeAttempt, isRetryable, isRetryableStatus, judgeLookup, judgeWrite } from './attempt-result.js';
 
-const isRecord = (b: unknown): b is { status: string } => typeof b === 'object' && b !== null && typeof (b as { id?: unknown }).id === 'string';
+const isRecord = (b: unknown): b is { status: string } =>
+  typeof b === 'object' && b !== null && typeof (b as { id?: unknown }).id === 'string';
 
 describe('isRetryableStatus', () => {
   it('retries 409, 429 and 5xx only', () => {
@@ -48,7 +49,11 @@ describe('judgeLookup', () => {
 describe('describeAttempt', () => {
   it('names what an attempt ended with', () => {
     expect(describeAttempt(undefined)).toBe('no attempt was made');
-    expect(describeAttempt({ kind: 'response', status: 503, body: undefined, retryAfterMs: undefined, verdict: 'unknown' })).toBe('HTTP 503');
-    expect(describeAttempt({ kind: 'timeout', message: 'no answer within 150 ms', verdict: 'unknown' })).toBe('timeout: no answer within 150 ms');
+    expect(describeAttempt({ kind: 'response', status: 503, body: undefined, retryAfterMs: undefined, verdict: 'unknown' })).toBe(
+      'HTTP 503',
+    );
+    expect(describeAttempt({ kind: 'timeout', message: 'no answer within 150 ms', verdict: 'unknown' })).toBe(
+      'timeout: no answer within 150 ms',
+    );
   });
 });

@@ -18,7 +18,15 @@ import { type BreakerCheck, PspBreaker } from './psp-breaker.js';
 import { type PspCallOutcome, PspClientMetrics, type PspOperation } from './psp-client-metrics.js';
 import { BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, LOOKUP_BACKOFF_BUDGET_MS, type PspClientOptions } from './psp-client-options.js';
 import { PspUnreachableError } from './psp-unreachable.error.js';
-import { type ChargeRequest, isPspCharge, isPspRefund, problemDetail, type PspCharge, type PspRefund, type RefundRequest } from './psp-wire.js';
+import {
+  type ChargeRequest,
+  isPspCharge,
+  isPspRefund,
+  problemDetail,
+  type PspCharge,
+  type PspRefund,
+  type RefundRequest,
+} from './psp-wire.js';
 import { parseRetryAfter } from './retry-after.js';
 import { attemptFits, planRetry } from './retry-plan.js';
 
@@ -59,7 +67,14 @@ type CallEnd =
   | { kind: 'breaker-open'; retryAfterSeconds: number }
   | { kind: 'no-time' }
   | { kind: 'failed'; error: unknown }
-  | { kind: 'answered'; result: AttemptResult; attempts: number; last: AttemptResult | undefined; stopReason: string | undefined; earlierUnknown: boolean };
+  | {
+      kind: 'answered';
+      result: AttemptResult;
+      attempts: number;
+      last: AttemptResult | undefined;
+      stopReason: string | undefined;
+      earlierUnknown: boolean;
+    };
 
 /**
  * The outbound client to the payment provider (docs/contract.md#outbound-client): `wrap(breaker, retry, timeout)` from
@@ -89,14 +104,18 @@ export class PspClient {
     private readonly metrics: PspClientMetrics,
   ) {
     for (const name of ['timeoutMs', 'maxAttempts', 'breakerThreshold', 'breakerHalfOpenMs'] as const) {
-      if (!Number.isSafeInteger(options[name]) || options[name] < 1) throw new RangeError(`PspClient: ${name} must be a positive integer, got ${options[name]}`);
+      if (!Number.isSafeInteger(options[name]) || options[name] < 1)
+        throw new RangeError(`PspClient: ${name} must be a positive integer, got ${options[name]}`);
     }
     this.writes = new PspBreaker('charges', options.breakerHalfOpenMs, options.breakerThreshold);
     this.lookups = new PspBreaker('lookups', options.breakerHalfOpenMs, options.breakerThreshold);
     metrics.watch(this.writes);
     metrics.watch(this.lookups);
     this.timeout = timeout(options.timeoutMs, TimeoutStrategy.Cooperative);
-    this.backoff = new ExponentialBackoff({ initialDelay: options.backoffInitialMs ?? BACKOFF_INITIAL_MS, maxDelay: options.backoffMaxMs ?? BACKOFF_MAX_MS });
+    this.backoff = new ExponentialBackoff({
+      initialDelay: options.backoffInitialMs ?? BACKOFF_INITIAL_MS,
+      maxDelay: options.backoffMaxMs ?? BACKOFF_MAX_MS,
+    });
   }
 
   /** True when the charge breaker is open right now: the caller answers 503 provider-unavailable before writing anything. */
@@ -122,13 +141,21 @@ export class PspClient {
    */
   findChargesByPayment(paymentId: string, expected: { amountMinor: number; currency: string }): Promise<PspCharge[]> {
     return this.lookup('lookup-charges', '/charges', { paymentId }, isPspCharge, (c) =>
-      mismatch([c.metadata.paymentId, paymentId, 'metadata.paymentId'], [c.amountMinor, expected.amountMinor, 'amountMinor'], [c.currency, expected.currency, 'currency']),
+      mismatch(
+        [c.metadata.paymentId, paymentId, 'metadata.paymentId'],
+        [c.amountMinor, expected.amountMinor, 'amountMinor'],
+        [c.currency, expected.currency, 'currency'],
+      ),
     );
   }
 
   findRefundsByRefund(refundId: string, expected: { paymentId: string; amountMinor: number }): Promise<PspRefund[]> {
     return this.lookup('lookup-refunds', '/refunds', { refundId }, isPspRefund, (r) =>
-      mismatch([r.metadata.refundId, refundId, 'metadata.refundId'], [r.metadata.paymentId, expected.paymentId, 'metadata.paymentId'], [r.amountMinor, expected.amountMinor, 'amountMinor']),
+      mismatch(
+        [r.metadata.refundId, refundId, 'metadata.refundId'],
+        [r.metadata.paymentId, expected.paymentId, 'metadata.paymentId'],
+        [r.amountMinor, expected.amountMinor, 'amountMinor'],
+      ),
     );
   }
 
@@ -144,7 +171,8 @@ export class PspClient {
     // Programming errors, not provider outcomes: fail loudly before anything is sent.
     if (!OUTBOUND_KEY.test(outboundKey)) throw new TypeError(`PspClient.${operation}: outboundKey must be 1-255 visible ASCII characters`);
     // An epoch-ms deadline (Date.now() + …) would be decades away on the monotonic clock: no deadline at all.
-    if (!Number.isFinite(deadline) || deadline > monotonicNow() + 86_400_000) throw new TypeError(`PspClient.${operation}: deadline must be monotonic milliseconds (monotonicNow() + ms)`);
+    if (!Number.isFinite(deadline) || deadline > monotonicNow() + 86_400_000)
+      throw new TypeError(`PspClient.${operation}: deadline must be monotonic milliseconds (monotonicNow() + ms)`);
     const end = await this.call(this.writes, deadline, {
       operation,
       method: 'POST',
@@ -157,11 +185,20 @@ export class PspClient {
     const disagreement = result.kind === 'succeeded' || result.kind === 'declined' ? check(result.value) : undefined;
     if (disagreement) {
       // Not our charge as we asked for it (a provider bug, a proxy mixing answers): never settle on it.
-      this.logger.error({ operation, outboundKey, disagreement, alert: true }, 'the provider answered about something else than we asked for; treated as unknown');
+      this.logger.error(
+        { operation, outboundKey, disagreement, alert: true },
+        'the provider answered about something else than we asked for; treated as unknown',
+      );
       result = { kind: 'unknown', reason: `the answer does not match the request: ${disagreement}` };
     }
     this.metrics.calls.inc({ operation, outcome: result.kind });
-    const fields = { operation, outboundKey, outcome: result.kind, ...('reason' in result ? { reason: result.reason } : {}), ...('status' in result ? { status: result.status } : {}) };
+    const fields = {
+      operation,
+      outboundKey,
+      outcome: result.kind,
+      ...('reason' in result ? { reason: result.reason } : {}),
+      ...('status' in result ? { status: result.status } : {}),
+    };
     if (result.kind === 'unknown' || result.kind === 'breaker-open') this.logger.warn(fields, 'psp call outcome unknown or not attempted');
     // An answer is the success path: at debug, so that the default level writes nothing per call.
     else this.logger.debug(fields, 'psp call answered');
@@ -212,7 +249,10 @@ export class PspClient {
       const disagreement = items.map(check).find((d) => d !== undefined);
       if (disagreement) {
         this.metrics.calls.inc({ operation, outcome: 'unknown' });
-        this.logger.error({ operation, query, disagreement, alert: true }, 'the provider answered a lookup with a record that is not ours as we know it; treated as no answer');
+        this.logger.error(
+          { operation, query, disagreement, alert: true },
+          'the provider answered a lookup with a record that is not ours as we know it; treated as no answer',
+        );
         throw new PspUnreachableError(operation, `the answer does not match: ${disagreement}`);
       }
       this.metrics.calls.inc({ operation, outcome: 'ok' });
@@ -223,7 +263,10 @@ export class PspClient {
       // 400/404/422 to a lookup by our own id: our request is wrong (a bug or a misconfigured PSP_BASE_URL), not the
       // provider away. Still no answer: "none found" from a refusal would fail a payment that may have been charged.
       this.metrics.calls.inc({ operation, outcome: 'refused' });
-      this.logger.error({ operation, query, status: end.result.status, alert: true }, 'the provider refused our lookup: a fault on our side');
+      this.logger.error(
+        { operation, query, status: end.result.status, alert: true },
+        'the provider refused our lookup: a fault on our side',
+      );
       throw new PspUnreachableError(operation, `the provider refused the lookup (HTTP ${end.result.status})`);
     }
     const outcome: PspCallOutcome = end.kind === 'breaker-open' ? 'breaker-open' : 'unreachable';
@@ -275,11 +318,17 @@ export class PspClient {
         stopReason = plan.reason;
         return { delay: 0, state: jitter };
       }
-      this.logger.log({ operation: request.operation, outboundKey: request.outboundKey, nextAttempt: attempts + 1, delayMs: Math.round(plan.delayMs) }, 'psp retry scheduled');
+      this.logger.log(
+        { operation: request.operation, outboundKey: request.outboundKey, nextAttempt: attempts + 1, delayMs: Math.round(plan.delayMs) },
+        'psp retry scheduled',
+      );
       return { delay: plan.delayMs, state: jitter };
     });
     // cockatiel's maxAttempts counts retries, not attempts.
-    const retryPolicy = retry(handleWhenResult((r) => isRetryable(r as AttemptResult)), { maxAttempts: maxAttempts - 1, backoff });
+    const retryPolicy = retry(
+      handleWhenResult((r) => isRetryable(r as AttemptResult)),
+      { maxAttempts: maxAttempts - 1, backoff },
+    );
 
     try {
       const result = await wrap(breaker.policy, retryPolicy, this.timeout).execute(async ({ signal }): Promise<AttemptResult> => {

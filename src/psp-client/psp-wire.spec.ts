@@ -10,7 +10,15 @@ const charge = {
   metadata: { orderId: 'o', paymentId: 'p' },
   createdAt: '2026-01-01T00:00:00.000Z',
 };
-const refund = { id: 're_1', status: 'failed', chargeId: 'ch_1', amountMinor: 5, failureCode: 'refund_declined', metadata: { refundId: 'r', paymentId: 'p' }, createdAt: '2026-01-01T00:00:00.000Z' };
+const refund = {
+  id: 're_1',
+  status: 'failed',
+  chargeId: 'ch_1',
+  amountMinor: 5,
+  failureCode: 'refund_declined',
+  metadata: { refundId: 'r', paymentId: 'p' },
+  createdAt: '2026-01-01T00:00:00.000Z',
+};
 
 describe('isPspCharge / isPspRefund', () => {
   it('accepts the contract shapes', () => {
@@ -32,7 +40,9 @@ describe('isPspCharge / isPspRefund', () => {
 
 describe('problemDetail', () => {
   it('prefers detail, then title, then the status', () => {
-    expect(problemDetail(422, { title: 'Unprocessable', detail: 'Idempotency-Key reused with another body' })).toBe('Idempotency-Key reused with another body');
+    expect(problemDetail(422, { title: 'Unprocessable', detail: 'Idempotency-Key reused with another body' })).toBe(
+      'Idempotency-Key reused with another body',
+    );
     expect(problemDetail(404, { title: 'Charge not found' })).toBe('Charge not found');
     expect(problemDetail(400, 'garbage')).toBe('The provider refused the request (HTTP 400).');
   });

@@ -10,7 +10,13 @@ export type RetryPlan = { retry: true; delayMs: number } | { retry: false; reaso
  * push the attempt's end past the deadline we give up now instead of waiting it out. Our own
  * backoff is only courtesy: it shrinks to fit the room left, so the deadline's budget is used.
  */
-export function planRetry(p: { now: number; deadline: number; timeoutMs: number; backoffMs: number; retryAfterMs: number | undefined }): RetryPlan {
+export function planRetry(p: {
+  now: number;
+  deadline: number;
+  timeoutMs: number;
+  backoffMs: number;
+  retryAfterMs: number | undefined;
+}): RetryPlan {
   // The latest moment, from now, at which another attempt may start.
   const room = p.deadline - p.timeoutMs - p.now;
   if (room < 0) return { retry: false, reason: 'the deadline leaves no time for another attempt' };

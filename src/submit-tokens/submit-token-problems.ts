@@ -16,7 +16,9 @@ export function submitTokenUsed(orderId: string | null): ProblemException {
     409,
     'submit-token-used',
     'Submit token already used',
-    orderId ? `This submit token already created order ${orderId}; nothing new was created.` : 'This submit token was already used; nothing new was created.',
+    orderId
+      ? `This submit token already created order ${orderId}; nothing new was created.`
+      : 'This submit token was already used; nothing new was created.',
     { orderId },
   );
 }

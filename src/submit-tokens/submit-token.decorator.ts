@@ -1,11 +1,19 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader } from '@nestjs/swagger';
 import { ORDER_ID_MEMBER } from '../common/api-problems.js';
-import { idempotencyKeyOrSubmitTokenMissing, submitTokenInvalid, submitTokenUsed, submitTokenWithIdempotencyKey } from './submit-token-problems.js';
+import {
+  idempotencyKeyOrSubmitTokenMissing,
+  submitTokenInvalid,
+  submitTokenUsed,
+  submitTokenWithIdempotencyKey,
+} from './submit-token-problems.js';
 import { SUBMIT_TOKEN_HEADER } from './submit-tokens.service.js';
 import { ApiProblems } from '#service-kit';
 
-/** Documents the Submit-Token header and its outcomes on a route that also takes an Idempotency-Key; the examples are the problems the route sends. */
+/**
+ * Documents the Submit-Token header and its outcomes on a route that also takes an Idempotency-Key; the examples are the problems the route
+ * sends.
+ */
 export function ApiSubmitToken() {
   return applyDecorators(
     ApiHeader({
@@ -19,15 +27,33 @@ export function ApiSubmitToken() {
       schema: { type: 'string', pattern: '^[A-Za-z0-9_-]{43}$' },
     }),
     ApiProblems(
-      { status: 400, description: 'Both Idempotency-Key and Submit-Token were sent: send exactly one.', example: submitTokenWithIdempotencyKey().problem },
-      { status: 400, description: 'Neither Idempotency-Key nor Submit-Token was sent.', example: idempotencyKeyOrSubmitTokenMissing().problem },
+      {
+        status: 400,
+        description: 'Both Idempotency-Key and Submit-Token were sent: send exactly one.',
+        example: submitTokenWithIdempotencyKey().problem,
+      },
+      {
+        status: 400,
+        description: 'Neither Idempotency-Key nor Submit-Token was sent.',
+        example: idempotencyKeyOrSubmitTokenMissing().problem,
+      },
       {
         status: 409,
         description: 'The Submit-Token was already used: orderId names the order it created. Nothing new was created.',
         example: submitTokenUsed('3b7e0c52-8f3e-4c1a-9a53-1f0d2b6e7a91').problem,
-        members: { orderId: { ...ORDER_ID_MEMBER, nullable: true, description: 'The order this token created (null only if that order was deleted since).' } },
+        members: {
+          orderId: {
+            ...ORDER_ID_MEMBER,
+            nullable: true,
+            description: 'The order this token created (null only if that order was deleted since).',
+          },
+        },
       },
-      { status: 422, description: "The Submit-Token is unknown, expired or another client's. Nothing was created, nothing consumed.", example: submitTokenInvalid().problem },
+      {
+        status: 422,
+        description: "The Submit-Token is unknown, expired or another client's. Nothing was created, nothing consumed.",
+        example: submitTokenInvalid().problem,
+      },
     ),
   );
 }

@@ -7,7 +7,10 @@ import { ApiProblems } from '#service-kit';
 
 /** A submit token as the API shows it (docs/contract.md#json-shapes). */
 export class SubmitTokenView {
-  @ApiProperty({ example: 'mJ0x9V2a0Zb3hN3o5tWkQ1cR8yL6pE4sD7fG2jK9uXw', description: '32 random bytes, base64url. Send it as Submit-Token on POST /orders.' })
+  @ApiProperty({
+    example: 'mJ0x9V2a0Zb3hN3o5tWkQ1cR8yL6pE4sD7fG2jK9uXw',
+    description: '32 random bytes, base64url. Send it as Submit-Token on POST /orders.',
+  })
   token: string;
 
   @ApiProperty({ format: 'date-time', description: 'After this the token is refused (422); get a new one.' })

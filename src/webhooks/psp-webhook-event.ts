@@ -1,4 +1,6 @@
-/** The provider's events (docs/contract.md#webhooks): `{type, timestamp, data}`; paymentId and refundId are ours, from the metadata we sent. */
+/**
+ * The provider's events (docs/contract.md#webhooks): `{type, timestamp, data}`; paymentId and refundId are ours, from the metadata we sent.
+ */
 export interface ChargeEventData {
   chargeId: string;
   paymentId: string;

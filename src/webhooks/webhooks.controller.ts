@@ -26,8 +26,18 @@ export class WebhooksController {
     // No API key: the signature authenticates the delivery.
     security: [],
   })
-  @ApiHeader({ name: 'webhook-id', required: true, description: 'The event id: the same on every delivery of one event.', schema: { type: 'string', maxLength: 255, example: 'msg_2b7c9e' } })
-  @ApiHeader({ name: 'webhook-timestamp', required: true, description: 'Unix seconds when this delivery was signed; refused when more than 5 minutes away from now.', schema: { type: 'string', example: '1764475200' } })
+  @ApiHeader({
+    name: 'webhook-id',
+    required: true,
+    description: 'The event id: the same on every delivery of one event.',
+    schema: { type: 'string', maxLength: 255, example: 'msg_2b7c9e' },
+  })
+  @ApiHeader({
+    name: 'webhook-timestamp',
+    required: true,
+    description: 'Unix seconds when this delivery was signed; refused when more than 5 minutes away from now.',
+    schema: { type: 'string', example: '1764475200' },
+  })
   @ApiHeader({
     name: 'webhook-signature',
     required: true,
@@ -36,23 +46,42 @@ export class WebhooksController {
   })
   @ApiConsumes('application/json')
   @ApiBody({ type: PspWebhookEvent })
-  @ApiOkResponse({ type: WebhookReceiptView, description: 'Processed now (applied or no_effect) or before (duplicate). The provider stops delivering it.' })
+  @ApiOkResponse({
+    type: WebhookReceiptView,
+    description: 'Processed now (applied or no_effect) or before (duplicate). The provider stops delivering it.',
+  })
   @ApiProblems(
     {
       status: 400,
       description: 'A correctly signed delivery whose webhook-id is longer than 255 characters. Nothing recorded.',
-      example: { type: 'urn:idempotent-orders:problem:webhook-id-invalid', title: 'webhook-id not accepted', status: 400, detail: 'webhook-id must be 1 to 255 characters: nothing was recorded.' },
+      example: {
+        type: 'urn:idempotent-orders:problem:webhook-id-invalid',
+        title: 'webhook-id not accepted',
+        status: 400,
+        detail: 'webhook-id must be 1 to 255 characters: nothing was recorded.',
+      },
     },
     {
       status: 401,
       description: 'Signature headers missing, no matching signature, or a timestamp more than 5 minutes old or ahead. Nothing recorded.',
-      example: { type: 'urn:idempotent-orders:problem:webhook-signature-invalid', title: 'Webhook signature not valid', status: 401, detail: 'No matching signature found: nothing was recorded.' },
+      example: {
+        type: 'urn:idempotent-orders:problem:webhook-signature-invalid',
+        title: 'Webhook signature not valid',
+        status: 401,
+        detail: 'No matching signature found: nothing was recorded.',
+      },
     },
     {
       status: 503,
       description: 'The event could not be processed (a database error); nothing was recorded, so a redelivery applies it once.',
       headers: { 'Retry-After': { description: 'seconds', schema: { type: 'string' } } },
-      example: { type: 'urn:idempotent-orders:problem:webhook-not-processed', title: 'Webhook not processed', status: 503, detail: 'The event could not be processed right now and nothing was recorded: deliver it again.', webhookId: 'msg_2b7c9e' },
+      example: {
+        type: 'urn:idempotent-orders:problem:webhook-not-processed',
+        title: 'Webhook not processed',
+        status: 503,
+        detail: 'The event could not be processed right now and nothing was recorded: deliver it again.',
+        webhookId: 'msg_2b7c9e',
+      },
       members: { webhookId: { type: 'string', description: 'The webhook-id of the event that was not processed.' } },
     },
   )

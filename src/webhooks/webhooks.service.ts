@@ -125,16 +125,28 @@ export class WebhooksService {
         throw new WebhookVerificationError('Missing required headers');
       }
       // The library checks the tolerance (±5 min) and accepts any of several space-separated v1 signatures (secret rotation).
-      this.verifier.verify(rawBody, { 'webhook-id': id, 'webhook-timestamp': timestamp, 'webhook-signature': signature }, { jsonParse: false });
+      this.verifier.verify(
+        rawBody,
+        { 'webhook-id': id, 'webhook-timestamp': timestamp, 'webhook-signature': signature },
+        { jsonParse: false },
+      );
     } catch (err) {
       if (!(err instanceof WebhookVerificationError)) throw err;
       this.metrics.events.inc({ outcome: 'rejected' });
-      this.logger.warn({ webhookId: typeof id === 'string' ? id.slice(0, MAX_WEBHOOK_ID) : undefined, reason: err.message }, 'webhook rejected');
+      this.logger.warn(
+        { webhookId: typeof id === 'string' ? id.slice(0, MAX_WEBHOOK_ID) : undefined, reason: err.message },
+        'webhook rejected',
+      );
       throw ProblemException.of(401, 'webhook-signature-invalid', 'Webhook signature not valid', `${err.message}: nothing was recorded.`);
     }
     if (id.length === 0 || id.length > MAX_WEBHOOK_ID) {
       this.metrics.events.inc({ outcome: 'rejected' });
-      throw ProblemException.of(400, 'webhook-id-invalid', 'webhook-id not accepted', `webhook-id must be 1 to ${MAX_WEBHOOK_ID} characters: nothing was recorded.`);
+      throw ProblemException.of(
+        400,
+        'webhook-id-invalid',
+        'webhook-id not accepted',
+        `webhook-id must be 1 to ${MAX_WEBHOOK_ID} characters: nothing was recorded.`,
+      );
     }
     return id;
   }
@@ -150,10 +162,13 @@ export class WebhooksService {
     if (!claimed) return undefined;
     const effect = await this.effectOf(event);
     // With the COMMIT: the event and its outcome are recorded together, or not at all.
-    this.db.defer(
-      `UPDATE processed_webhook_events SET outcome = $2, detail = $3, payment_id = $4, refund_id = $5 WHERE webhook_id = $1`,
-      [webhookId, effect.outcome, effect.detail, effect.paymentId ?? null, effect.refundId ?? null],
-    );
+    this.db.defer(`UPDATE processed_webhook_events SET outcome = $2, detail = $3, payment_id = $4, refund_id = $5 WHERE webhook_id = $1`, [
+      webhookId,
+      effect.outcome,
+      effect.detail,
+      effect.paymentId ?? null,
+      effect.refundId ?? null,
+    ]);
     return effect;
   }
 
@@ -184,20 +199,27 @@ export class WebhooksService {
 
     if (payment.status === 'pending') {
       const outcome: ProviderOutcome =
-        type === 'charge.succeeded' ? { status: 'succeeded', providerId: data.chargeId } : { status: 'failed', failureCode: data.failureCode ?? 'card_declined', providerId: data.chargeId };
+        type === 'charge.succeeded'
+          ? { status: 'succeeded', providerId: data.chargeId }
+          : { status: 'failed', failureCode: data.failureCode ?? 'card_declined', providerId: data.chargeId };
       // No lease token: a webhook holds no lease. It settles a payment whose request is still running
       // too, completing that request's key with the answer the request would have given.
       const settled = await this.settlement.applyPaymentOutcome(payment.id, outcome, undefined, 'webhook');
-      if (settled.kind === 'answered' && settled.changed) return applied(type === 'charge.succeeded' ? 'payment-succeeded' : 'payment-failed', ids);
+      if (settled.kind === 'answered' && settled.changed)
+        return applied(type === 'charge.succeeded' ? 'payment-succeeded' : 'payment-failed', ids);
       // Settled meanwhile without this charge: the settlement recorded its refund, started once this commits.
-      if (settled.kind === 'answered' && settled.lateRefundId) return { ...applied('late-charge: refund requested', ids), lateRefundId: settled.lateRefundId };
+      if (settled.kind === 'answered' && settled.lateRefundId)
+        return { ...applied('late-charge: refund requested', ids), lateRefundId: settled.lateRefundId };
       // Someone else settled it first: judge the event against what they decided.
       payment = (await this.paymentFacts(data.paymentId))!;
     }
     if (type === 'charge.succeeded' && payment.status === 'failed') return this.lateCharge(payment, data, 'late-charge');
     if (type === 'charge.succeeded' && payment.provider_transaction_id !== null && payment.provider_transaction_id !== data.chargeId) {
       // A second charge for one payment (the provider did not dedupe our outbound key): the money is taken twice, so it goes back too.
-      this.logger.error({ paymentId: payment.id, chargeId: data.chargeId, settledWith: payment.provider_transaction_id, alert: true }, 'a second charge for a succeeded payment');
+      this.logger.error(
+        { paymentId: payment.id, chargeId: data.chargeId, settledWith: payment.provider_transaction_id, alert: true },
+        'a second charge for a succeeded payment',
+      );
       return this.lateCharge(payment, data, 'second-charge');
     }
     return noEffect(`already-settled: payment is ${payment.status}`, ids);
@@ -205,7 +227,8 @@ export class WebhooksService {
 
   /**
    * The provider charged a payment we hold as failed (the charge landed after we gave it up), or
-   * charged a succeeded one a second time: the money goes back. The pending refund is recorded with the event, once per charge; the provider
+   * charged a succeeded one a second time: the money goes back. The pending refund is recorded with the event, once per charge; the
+   * provider
    * is called after the commit, under a key derived from the charge.
    */
   private async lateCharge(payment: PaymentFacts, data: ChargeEventData, what: 'late-charge' | 'second-charge'): Promise<Effect> {
@@ -217,7 +240,9 @@ export class WebhooksService {
   private async refundEvent(type: 'refund.succeeded' | 'refund.failed', data: RefundEventData): Promise<Effect> {
     const ids = { paymentId: data.paymentId, refundId: data.refundId };
     const outcome: ProviderOutcome =
-      type === 'refund.succeeded' ? { status: 'succeeded', providerId: data.providerRefundId } : { status: 'failed', failureCode: data.failureCode ?? 'refund_declined', providerId: data.providerRefundId };
+      type === 'refund.succeeded'
+        ? { status: 'succeeded', providerId: data.providerRefundId }
+        : { status: 'failed', failureCode: data.failureCode ?? 'refund_declined', providerId: data.providerRefundId };
     const [refund] = await this.db.query<RefundFacts>(
       `SELECT r.id, r.payment_id, p.order_id, r.status, r.amount_minor, p.currency, r.provider_refund_id FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.id = $1`,
       [data.refundId],
@@ -239,10 +264,12 @@ export class WebhooksService {
       return { ...noEffect('late-refund: our reservations leave no room for it', ids), alert: true };
     }
     // A second provider refund for a refund already succeeded: alerted (and counted) by the settlement, as a second charge is.
-    if (type === 'refund.succeeded' && this.settlement.alertIfSecondRefund(refund, data.providerRefundId, 'webhook')) return noEffect('second-refund: alerted', ids);
+    if (type === 'refund.succeeded' && this.settlement.alertIfSecondRefund(refund, data.providerRefundId, 'webhook'))
+      return noEffect('second-refund: alerted', ids);
     if (refund.status !== 'pending') return noEffect(`already-settled: refund is ${refund.status}`, ids);
     const settled = await this.settlement.applyRefundOutcome(refund.id, outcome, undefined, 'webhook');
-    if (settled.kind === 'answered' && settled.changed) return applied(type === 'refund.succeeded' ? 'refund-succeeded' : 'refund-failed', ids);
+    if (settled.kind === 'answered' && settled.changed)
+      return applied(type === 'refund.succeeded' ? 'refund-succeeded' : 'refund-failed', ids);
     return noEffect('already-settled: refund settled meanwhile', ids);
   }
 
@@ -253,10 +280,21 @@ export class WebhooksService {
       [data.refundId],
     );
     if (!late) return noEffect('unknown-refund', { paymentId: data.paymentId });
-    const mismatch = disagreement([late.payment_id, data.paymentId, 'paymentId'], [late.charge_id, data.chargeId, 'chargeId'], [Number(late.amount_minor), data.amountMinor, 'amountMinor']);
+    const mismatch = disagreement(
+      [late.payment_id, data.paymentId, 'paymentId'],
+      [late.charge_id, data.chargeId, 'chargeId'],
+      [Number(late.amount_minor), data.amountMinor, 'amountMinor'],
+    );
     if (mismatch) return { ...noEffect(`mismatch: ${mismatch}`, { paymentId: data.paymentId }), alert: true };
-    const changed = await this.lateRefunds.settle(late.id, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null);
-    return changed ? applied(`late-charge-refund-${outcome.status}`, { paymentId: late.payment_id }) : noEffect('already-settled: late-charge refund', { paymentId: late.payment_id });
+    const changed = await this.lateRefunds.settle(
+      late.id,
+      outcome.status,
+      outcome.providerId ?? null,
+      outcome.status === 'failed' ? outcome.failureCode : null,
+    );
+    return changed
+      ? applied(`late-charge-refund-${outcome.status}`, { paymentId: late.payment_id })
+      : noEffect('already-settled: late-charge refund', { paymentId: late.payment_id });
   }
 
   private async paymentFacts(paymentId: string): Promise<PaymentFacts | undefined> {
@@ -273,4 +311,3 @@ function disagreement(...pairs: [ours: string | number, theirs: string | number,
   const differing = pairs.filter(([ours, theirs]) => ours !== theirs).map(([ours, theirs, field]) => `${field} ${theirs} ≠ ours ${ours}`);
   return differing.length ? differing.join(', ') : undefined;
 }
-

@@ -1,7 +1,8 @@
 /**
  * The fulfilment consumer (`npm run start:fulfilment`, its own process) while its broker goes away: RabbitMQ's node
  * killed mid-stream (the harness's own node, SIGKILL by its pid: no clean shutdown to drain anything first; its data
- * kept), away for 5 s, started again on the same ports and data. The consumer reconnects by itself (Nest's RMQ transport, through amqp-connection-manager), every
+ * kept), away for 5 s, started again on the same ports and data. The consumer reconnects by itself (Nest's RMQ transport, through
+ * amqp-connection-manager), every
  * event ends as exactly one effect, and its /health says where the broker is.
  */
 import { randomUUID } from 'node:crypto';
@@ -52,10 +53,15 @@ describe('fulfilment: RabbitMQ killed and started again under an attached consum
   }, 120_000);
 
   const count = async (sql: string, params: unknown[] = []) => (await db.query<{ n: number }>(sql, params)).rows[0].n;
-  const shipments = (orderIds: string[]) => count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])`, [orderIds]);
+  const shipments = (orderIds: string[]) =>
+    count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])`, [orderIds]);
   const health = async () => {
     const response = await fetch(`${consumer!.url}/health`);
-    return { status: response.status, type: response.headers.get('content-type'), body: (await response.json()) as Record<string, unknown> };
+    return {
+      status: response.status,
+      type: response.headers.get('content-type'),
+      body: (await response.json()) as Record<string, unknown>,
+    };
   };
   const outcomes = async (): Promise<Record<string, number>> => {
     const text = await (await fetch(`${consumer!.url}/metrics`)).text();
@@ -114,8 +120,14 @@ describe('fulfilment: RabbitMQ killed and started again under an attached consum
     await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 }, 60_000);
     expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
     // Exactly one effect and one mark per event; a delivery committed before the stop but not acked came back as a duplicate.
-    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [all.map((e) => e.orderId)])).toBe(all.length);
-    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [all.map((e) => e.eventId)])).toBe(all.length);
+    expect(
+      await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [
+        all.map((e) => e.orderId),
+      ]),
+    ).toBe(all.length);
+    expect(
+      await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [all.map((e) => e.eventId)]),
+    ).toBe(all.length);
     // A delivery committed whose ack found its channel gone is counted once its redelivery is acked, as a duplicate.
     const seen = await outcomes();
     expect(seen.applied).toBeLessThanOrEqual(all.length);

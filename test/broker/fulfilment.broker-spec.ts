@@ -79,7 +79,13 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
 
   const startConsumer = async (env: Record<string, string> = {}) => {
     const consumer = await startServiceProcess(
-      { DATABASE_URL: database.url, AMQP_URL: broker.url, PORT: String(await freePort()), FULFILMENT_MAX_ATTEMPTS: String(MAX_ATTEMPTS), ...env },
+      {
+        DATABASE_URL: database.url,
+        AMQP_URL: broker.url,
+        PORT: String(await freePort()),
+        FULFILMENT_MAX_ATTEMPTS: String(MAX_ATTEMPTS),
+        ...env,
+      },
       { main: MAIN },
     );
     consumers.push(consumer);
@@ -95,7 +101,8 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     );
   };
   const count = async (sql: string, params: unknown[] = []) => (await db.query<{ n: number }>(sql, params)).rows[0].n;
-  const shipments = (orderIds: string[]) => count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])`, [orderIds]);
+  const shipments = (orderIds: string[]) =>
+    count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])`, [orderIds]);
 
   beforeAll(async () => {
     [broker, database] = await Promise.all([startRabbitMq(), createTestDatabase({ empty: true })]);
@@ -135,7 +142,11 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     await until('500 shipments', 60_000, async () => (await shipments(orderIds)) === 500);
     await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
     // One shipment per order (the primary key could not say otherwise); one mark per event; nothing dead-lettered.
-    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [orderIds])).toBe(500);
+    expect(
+      await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [
+        orderIds,
+      ]),
+    ).toBe(500);
     expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE consumer = 'fulfilment'`)).toBe(500);
     expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
   }, 240_000);
@@ -190,7 +201,10 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     const blocker: PoolClient = await db.connect();
     try {
       await blocker.query('BEGIN');
-      await blocker.query(`INSERT INTO fulfilment.shipments (order_id, client_id, status, total_minor, currency, order_version) VALUES ($1, 'x', 'pending', 0, 'EUR', 1)`, [event.orderId]);
+      await blocker.query(
+        `INSERT INTO fulfilment.shipments (order_id, client_id, status, total_minor, currency, order_version) VALUES ($1, 'x', 'pending', 0, 'EUR', 1)`,
+        [event.orderId],
+      );
       publisher.publish(event);
       await publisher.confirmed();
       const waiting = () => count(`SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'`);
@@ -258,7 +272,8 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
       [old, recent],
     );
     await startConsumer({ FULFILMENT_MARK_RETENTION_HOURS: '24' });
-    const left = () => db.query<{ message_id: string }>(`SELECT message_id FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [[old, recent]]);
+    const left = () =>
+      db.query<{ message_id: string }>(`SELECT message_id FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [[old, recent]]);
     await until('the old mark reaped', 30_000, async () => (await left()).rows.length === 1);
     expect((await left()).rows).toEqual([{ message_id: recent }]);
   }, 120_000);
@@ -307,7 +322,11 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     expect(consumer.output()).toContain('routed as order.paid but the body says order.refunded');
     expect(consumer.output()).toContain('totalMinor (integer minor units');
     expect(await shipments([mismatched.orderId, stringAmount.orderId])).toBe(0);
-    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [[mismatched.eventId, stringAmount.eventId]])).toBe(0);
+    expect(
+      await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [
+        [mismatched.eventId, stringAmount.eventId],
+      ]),
+    ).toBe(0);
     await broker.untilQueueDepth(DEAD, { ready: 2, unacked: 0 });
     await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
   }, 120_000);
@@ -335,7 +354,13 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
 
     const found = await fetch(`${consumer.url}/shipments/${reversed}`);
     expect(found.status).toBe(200);
-    expect(await found.json()).toMatchObject({ orderId: reversed, status: 'cancelled', orderVersion: 3, totalMinor: 4_200, currency: 'EUR' });
+    expect(await found.json()).toMatchObject({
+      orderId: reversed,
+      status: 'cancelled',
+      orderVersion: 3,
+      totalMinor: 4_200,
+      currency: 'EUR',
+    });
     const missing = await fetch(`${consumer.url}/shipments/${randomUUID()}`);
     expect(missing.status).toBe(404);
     expect(missing.headers.get('content-type')).toContain('application/problem+json');
@@ -381,7 +406,9 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     );
     expect(rows[0].shipments).toBe(29);
     expect(rows[0].transactions).toBeLessThanOrEqual(10);
-    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [good.map((e) => e.eventId)])).toBe(29);
+    expect(
+      await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [good.map((e) => e.eventId)]),
+    ).toBe(29);
     // Its savepoint rolled back with its mark: a fixed-up replay from the dead-letter queue would be applied.
     expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = $1`, [poisonId])).toBe(0);
     const connection = await connect(broker.url);
@@ -396,12 +423,16 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     }
   }, 120_000);
 
-  it('SIGKILL between a batch\'s COMMIT and its acks: the whole batch redelivered, each found by its mark, no second effect', async () => {
+  it("SIGKILL between a batch's COMMIT and its acks: the whole batch redelivered, each found by its mark, no second effect", async () => {
     await purgeDeadLetters();
     const events = Array.from({ length: 40 }, () => orderEvent('order.paid', randomUUID(), 2));
     const orderIds = events.map((e) => e.orderId);
     // The first consumer dies right after its first batch commits: its deliveries, committed, are never acked.
-    const dying = await startConsumer({ FULFILMENT_FAULT: 'die-after-batch-commit', FULFILMENT_BATCH_SIZE: '10', FULFILMENT_BATCH_WAIT_MS: '200' });
+    const dying = await startConsumer({
+      FULFILMENT_FAULT: 'die-after-batch-commit',
+      FULFILMENT_BATCH_SIZE: '10',
+      FULFILMENT_BATCH_WAIT_MS: '200',
+    });
     events.forEach((event) => publisher.publish(event));
     await publisher.confirmed();
     expect(await dying.exited).toBeNull();
@@ -421,7 +452,11 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     });
     // The dead batch's messages came back and were found by their marks; the rest applied once.
     expect(await outcomes(survivor)).toEqual({ applied: 40 - committed, duplicate: committed });
-    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [events.map((e) => e.eventId)])).toBe(40);
+    expect(
+      await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [
+        events.map((e) => e.eventId),
+      ]),
+    ).toBe(40);
     expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
   }, 120_000);
 });

@@ -58,7 +58,11 @@ describe('order events end to end: the API, the outbox relay, RabbitMQ, the fulf
       .send({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 1_250 }] });
     expect(created.status).toBe(201);
     const orderId = (created.body as { id: string }).id;
-    const paid = await request(url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', randomUUID()).send({ source: 'tok_visa' });
+    const paid = await request(url)
+      .post(`/orders/${orderId}/payments`)
+      .set('Authorization', bearer(ALICE))
+      .set('Idempotency-Key', randomUUID())
+      .send({ source: 'tok_visa' });
     expect(paid.status).toBe(201);
     return orderId;
   };
@@ -77,7 +81,10 @@ describe('order events end to end: the API, the outbox relay, RabbitMQ, the fulf
   }, 120_000);
 
   it(`${ORDERS} orders created and paid through the API while the consumer is SIGKILLed twice: ${ORDERS} shipments, none twice, every event sent, the queue drained`, async () => {
-    service = await startTestApp({ AMQP_URL: broker.url, RECONCILE_INTERVAL_MS: '0', PSP_WEBHOOK_URL: 'none' }, { databaseUrl: orders.url });
+    service = await startTestApp(
+      { AMQP_URL: broker.url, RECONCILE_INTERVAL_MS: '0', PSP_WEBHOOK_URL: 'none' },
+      { databaseUrl: orders.url },
+    );
     const api = service.url;
     await startConsumer();
 
@@ -105,7 +112,11 @@ describe('order events end to end: the API, the outbox relay, RabbitMQ, the fulf
 
     await until(`${ORDERS} shipments`, 120_000, async () => (await shipments()) === ORDERS);
     // Every event of the outbox was published and confirmed; the consumer's queue holds nothing, its dead letters none.
-    await until('the outbox sent', 60_000, async () => (await service!.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n === 0);
+    await until(
+      'the outbox sent',
+      60_000,
+      async () => (await service!.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n === 0,
+    );
     await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
     expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
     // One shipment per paid order (pending: paid, not cancelled), and one mark per event the outbox holds.
@@ -142,17 +153,30 @@ describe('order events end to end: the API, the outbox relay, RabbitMQ, the fulf
       ORDER_EVENTS_RELAY_FAULT: 'die-after-confirm',
     });
     expect(dying.output).toContain('die-after-confirm');
-    await until('the consumer applied the first copies', 30_000, async () => (await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = $1`, [orderId])) === 1);
+    await until(
+      'the consumer applied the first copies',
+      30_000,
+      async () => (await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = $1`, [orderId])) === 1,
+    );
 
     // The next relay takes the rows once the dead one's lease runs out and publishes them again.
-    service = await startTestApp({ AMQP_URL: broker.url, RECONCILE_INTERVAL_MS: '0', PSP_WEBHOOK_URL: 'none' }, { databaseUrl: orders.url });
-    await until('the outbox sent', 60_000, async () => (await service!.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n === 0);
+    service = await startTestApp(
+      { AMQP_URL: broker.url, RECONCILE_INTERVAL_MS: '0', PSP_WEBHOOK_URL: 'none' },
+      { databaseUrl: orders.url },
+    );
+    await until(
+      'the outbox sent',
+      60_000,
+      async () => (await service!.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n === 0,
+    );
     await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
     const after = await outcomes();
     const grew = (outcome: string) => (after[outcome] ?? 0) - (before[outcome] ?? 0);
     // Two events (created, paid), each published at least once more: every extra copy found its mark.
     expect(grew('applied')).toBe(2);
     expect(grew('duplicate')).toBeGreaterThanOrEqual(1);
-    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = $1 AND status = 'pending'`, [orderId])).toBe(1);
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = $1 AND status = 'pending'`, [orderId])).toBe(
+      1,
+    );
   }, 180_000);
 });

@@ -111,7 +111,8 @@ describe('order events relay → RabbitMQ', () => {
       .send({ orderNumber: `RELAY-${++numbers}`, currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 990 }] });
   const outbox = async (t: TestApp): Promise<OutboxRow[]> =>
     (await t.db.query<OutboxRow>(`SELECT event_id, type, payload, sent_at, attempts FROM order_events_outbox ORDER BY created_at`)).rows;
-  const unsent = async (t: TestApp) => (await t.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n as number;
+  const unsent = async (t: TestApp) =>
+    (await t.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n as number;
 
   it('publishes each event once, as the contract says, and marks it sent after the confirm; /health says connected', async () => {
     const queue = await testQueue();
@@ -119,7 +120,9 @@ describe('order events relay → RabbitMQ', () => {
     await until('relay connected', async () => (await request(t.url).get('/health')).body.orderEventsRelay === 'connected');
     const orders = await Promise.all(Array.from({ length: 30 }, (_, i) => create(t, i % 2 ? ALICE : BOB)));
     expect(orders.every((r) => r.status === 201)).toBe(true);
-    const cancels = await Promise.all(orders.slice(0, 10).map((o) => request(t.url).post(`/orders/${o.body.id}/cancel`).set('Authorization', bearer(ALICE))));
+    const cancels = await Promise.all(
+      orders.slice(0, 10).map((o) => request(t.url).post(`/orders/${o.body.id}/cancel`).set('Authorization', bearer(ALICE))),
+    );
     expect(cancels.filter((r) => r.status === 200)).toHaveLength(5);
 
     await until('every event sent and received', async () => (await unsent(t)) === 0 && queue.received.length >= 35);
@@ -133,7 +136,12 @@ describe('order events relay → RabbitMQ', () => {
       expect(message).toBeDefined();
       expect(message.routingKey).toBe(row.type);
       expect(message.body).toEqual(row.payload);
-      expect(message.properties).toMatchObject({ deliveryMode: 2, contentType: 'application/json', messageId: row.event_id, type: row.type });
+      expect(message.properties).toMatchObject({
+        deliveryMode: 2,
+        contentType: 'application/json',
+        messageId: row.event_id,
+        type: row.type,
+      });
       expect(message.properties.timestamp).toBe(Math.floor(Date.parse(row.payload.occurredAt as string) / 1000));
       expect(row.attempts).toBe(1);
     }
@@ -164,8 +172,7 @@ describe('order events relay → RabbitMQ', () => {
     const url = await database();
     const db = ignoreIdleErrors(new Pool({ connectionString: url, max: 2 }));
     cleanups.push(() => db.end());
-    const row = async () =>
-      (await db.query<OutboxRow>(`SELECT event_id, type, payload, sent_at, attempts FROM order_events_outbox`)).rows;
+    const row = async () => (await db.query<OutboxRow>(`SELECT event_id, type, payload, sent_at, attempts FROM order_events_outbox`)).rows;
     // The order is made with the relay off: its event waits in the outbox for the relay that will die.
     const off = await app({}, url);
     expect((await create(off)).status).toBe(201);
@@ -208,7 +215,10 @@ describe('order events relay → RabbitMQ', () => {
 
     // Another relay takes the row once the dead one's lease runs out, and publishes it again.
     await app({ AMQP_URL: broker.url }, url);
-    await until('the second copy received and the row marked', async () => queue.received.length === 2 && (await row())[0].sent_at !== null);
+    await until(
+      'the second copy received and the row marked',
+      async () => queue.received.length === 2 && (await row())[0].sent_at !== null,
+    );
     expect(queue.received.map((m) => m.messageId)).toEqual([event.event_id, event.event_id]);
     expect(queue.received[1].body).toEqual(queue.received[0].body);
     expect(await row()).toMatchObject([{ attempts: 2 }]);

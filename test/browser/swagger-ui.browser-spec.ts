@@ -30,7 +30,14 @@ describe('Swagger UI', () => {
     t = await startTestApp();
     browser = await chromium.launch({
       executablePath: process.env.CHROMIUM_PATH ?? '/usr/bin/chromium',
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run'],
+      args: [
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--no-first-run',
+      ],
     });
   });
   beforeEach(async () => {
@@ -82,105 +89,121 @@ describe('Swagger UI', () => {
 
   const lastStatus = () => page.textContent(`${CREATE} .live-responses-table tbody .response-col_status`);
 
-  it('creates an order from "Try it out" and replays it on a second Execute', async () => {
-    await withScreenshotOnFailure('create-order', async () => {
-      await openAuthorized();
+  it(
+    'creates an order from "Try it out" and replays it on a second Execute',
+    async () => {
+      await withScreenshotOnFailure('create-order', async () => {
+        await openAuthorized();
 
-      await page.click(CREATE);
-      await page.click(`${CREATE} button.try-out__btn`);
-      await page.fill(`${CREATE} tr[data-param-name="Idempotency-Key"] input`, 'swagger-ui-key-1');
-      await page.click(`${CREATE} button.execute`);
-      await page.waitForSelector(`${CREATE} .live-responses-table .response-col_status`);
-      expect((await lastStatus())?.trim()).toBe('201');
+        await page.click(CREATE);
+        await page.click(`${CREATE} button.try-out__btn`);
+        await page.fill(`${CREATE} tr[data-param-name="Idempotency-Key"] input`, 'swagger-ui-key-1');
+        await page.click(`${CREATE} button.execute`);
+        await page.waitForSelector(`${CREATE} .live-responses-table .response-col_status`);
+        expect((await lastStatus())?.trim()).toBe('201');
 
-      // Clear the previous response, execute again with the same key: the stored response comes back.
-      await page.click(`${CREATE} button.btn-clear`);
-      await page.click(`${CREATE} button.execute`);
-      await page.waitForSelector(`${CREATE} .live-responses-table .response-col_status`);
-      expect((await lastStatus())?.trim()).toBe('201');
-      expect(await page.textContent(`${CREATE} .live-responses-table tbody .response-col_description`)).toMatch(/idempotent-replayed: true/i);
+        // Clear the previous response, execute again with the same key: the stored response comes back.
+        await page.click(`${CREATE} button.btn-clear`);
+        await page.click(`${CREATE} button.execute`);
+        await page.waitForSelector(`${CREATE} .live-responses-table .response-col_status`);
+        expect((await lastStatus())?.trim()).toBe('201');
+        expect(await page.textContent(`${CREATE} .live-responses-table tbody .response-col_description`)).toMatch(
+          /idempotent-replayed: true/i,
+        );
 
-      const { rows } = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE key = 'swagger-ui-key-1'`);
-      expect(rows[0].n).toBe(1);
-      const orders = await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE client_id = 'alice'`);
-      expect(orders.rows[0].n).toBe(1);
-    });
-  }, TEST_MS);
+        const { rows } = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE key = 'swagger-ui-key-1'`);
+        expect(rows[0].n).toBe(1);
+        const orders = await t.db.query(`SELECT count(*)::int AS n FROM orders WHERE client_id = 'alice'`);
+        expect(orders.rows[0].n).toBe(1);
+      });
+    },
+    TEST_MS,
+  );
 
-  it('pays an order with tok_visa from "Try it out", and a second Execute replays the payment without a second charge', async () => {
-    await withScreenshotOnFailure('pay-order', async () => {
-      await openAuthorized();
+  it(
+    'pays an order with tok_visa from "Try it out", and a second Execute replays the payment without a second charge',
+    async () => {
+      await withScreenshotOnFailure('pay-order', async () => {
+        await openAuthorized();
 
-      // The order, from the example body. The first test may have created it already: a new key
-      // with the same orderNumber and content answers 200 with the same order.
-      await page.click(CREATE);
-      await page.click(`${CREATE} button.try-out__btn`);
-      await page.fill(`${CREATE} tr[data-param-name="Idempotency-Key"] input`, `swagger-ui-order-${randomUUID()}`);
-      const created = await execute(CREATE);
-      expect(['200', '201']).toContain(created.status);
-      const orderId = /"id":\s*"([0-9a-f-]{36})"/.exec(created.description)?.[1];
-      expect(orderId).toBeDefined();
+        // The order, from the example body. The first test may have created it already: a new key
+        // with the same orderNumber and content answers 200 with the same order.
+        await page.click(CREATE);
+        await page.click(`${CREATE} button.try-out__btn`);
+        await page.fill(`${CREATE} tr[data-param-name="Idempotency-Key"] input`, `swagger-ui-order-${randomUUID()}`);
+        const created = await execute(CREATE);
+        expect(['200', '201']).toContain(created.status);
+        const orderId = /"id":\s*"([0-9a-f-]{36})"/.exec(created.description)?.[1];
+        expect(orderId).toBeDefined();
 
-      // A fresh key per run: the header's example value is fixed, and a key is for one operation.
-      const payKey = `swagger-ui-pay-${randomUUID()}`;
-      await page.click(PAY);
-      await page.click(`${PAY} button.try-out__btn`);
-      await page.fill(`${PAY} tr[data-param-name="id"] input`, orderId!);
-      await page.fill(`${PAY} tr[data-param-name="Idempotency-Key"] input`, payKey);
-      await page.fill(`${PAY} .body-param textarea`, JSON.stringify({ source: 'tok_visa' }));
+        // A fresh key per run: the header's example value is fixed, and a key is for one operation.
+        const payKey = `swagger-ui-pay-${randomUUID()}`;
+        await page.click(PAY);
+        await page.click(`${PAY} button.try-out__btn`);
+        await page.fill(`${PAY} tr[data-param-name="id"] input`, orderId!);
+        await page.fill(`${PAY} tr[data-param-name="Idempotency-Key"] input`, payKey);
+        await page.fill(`${PAY} .body-param textarea`, JSON.stringify({ source: 'tok_visa' }));
 
-      const paid = await execute(PAY);
-      expect(paid.status).toBe('201');
-      expect(paid.description).toMatch(/"status":\s*"succeeded"/);
-      expect(paid.description).not.toMatch(/idempotent-replayed/i);
-      const paymentId = /"id":\s*"([0-9a-f-]{36})"/.exec(paid.description)?.[1];
+        const paid = await execute(PAY);
+        expect(paid.status).toBe('201');
+        expect(paid.description).toMatch(/"status":\s*"succeeded"/);
+        expect(paid.description).not.toMatch(/idempotent-replayed/i);
+        const paymentId = /"id":\s*"([0-9a-f-]{36})"/.exec(paid.description)?.[1];
 
-      // Execute again, same key and body: the stored 201, marked as a replay, the same payment.
-      const replayed = await execute(PAY);
-      expect(replayed.status).toBe('201');
-      expect(replayed.description).toMatch(/idempotent-replayed: true/i);
-      expect(/"id":\s*"([0-9a-f-]{36})"/.exec(replayed.description)?.[1]).toBe(paymentId);
+        // Execute again, same key and body: the stored 201, marked as a replay, the same payment.
+        const replayed = await execute(PAY);
+        expect(replayed.status).toBe('201');
+        expect(replayed.description).toMatch(/idempotent-replayed: true/i);
+        expect(/"id":\s*"([0-9a-f-]{36})"/.exec(replayed.description)?.[1]).toBe(paymentId);
 
-      // The database: one payment, succeeded; the order paid; one charge at the provider; one key row.
-      const payments = await t.db.query(`SELECT id, status FROM payments WHERE order_id = $1`, [orderId]);
-      expect(payments.rows).toEqual([{ id: paymentId, status: 'succeeded' }]);
-      const order = await t.db.query(`SELECT status FROM orders WHERE id = $1`, [orderId]);
-      expect(order.rows[0].status).toBe('paid');
-      const charges = await t.db.query(`SELECT count(*)::int AS n FROM psp.charges WHERE payment_id = $1`, [paymentId]);
-      expect(charges.rows[0].n).toBe(1);
-      const keys = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE key = $1`, [payKey]);
-      expect(keys.rows[0].n).toBe(1);
-    });
-  }, TEST_MS);
+        // The database: one payment, succeeded; the order paid; one charge at the provider; one key row.
+        const payments = await t.db.query(`SELECT id, status FROM payments WHERE order_id = $1`, [orderId]);
+        expect(payments.rows).toEqual([{ id: paymentId, status: 'succeeded' }]);
+        const order = await t.db.query(`SELECT status FROM orders WHERE id = $1`, [orderId]);
+        expect(order.rows[0].status).toBe('paid');
+        const charges = await t.db.query(`SELECT count(*)::int AS n FROM psp.charges WHERE payment_id = $1`, [paymentId]);
+        expect(charges.rows[0].n).toBe(1);
+        const keys = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE key = $1`, [payKey]);
+        expect(keys.rows[0].n).toBe(1);
+      });
+    },
+    TEST_MS,
+  );
 
-  it('shows the ETag as written, the Authorize dialog says where the dev key is, and the create lists Idempotency-Key first', async () => {
-    await withScreenshotOnFailure('docs-text', async () => {
-      await page.goto(`${t.url}/docs`);
+  it(
+    'shows the ETag as written, the Authorize dialog says where the dev key is, and the create lists Idempotency-Key first',
+    async () => {
+      await withScreenshotOnFailure('docs-text', async () => {
+        await page.goto(`${t.url}/docs`);
 
-      // Response headers render their description as Markdown: "<version>" used to vanish as an HTML tag.
-      for (const operation of [CREATE, GET_ORDER]) {
-        await page.click(operation);
-        const etag = page.locator(`${operation} table.headers tr`, { hasText: 'ETag' }).first();
-        await etag.scrollIntoViewIfNeeded();
-        expect(await etag.innerText()).toContain('The order version in quotes, e.g. "3": send it back as If-Match to change the order.');
-      }
-      expect(await page.locator('body').innerText()).not.toContain('If-Match: ""');
+        // Response headers render their description as Markdown: "<version>" used to vanish as an HTML tag.
+        for (const operation of [CREATE, GET_ORDER]) {
+          await page.click(operation);
+          const etag = page.locator(`${operation} table.headers tr`, { hasText: 'ETag' }).first();
+          await etag.scrollIntoViewIfNeeded();
+          expect(await etag.innerText()).toContain('The order version in quotes, e.g. "3": send it back as If-Match to change the order.');
+        }
+        expect(await page.locator('body').innerText()).not.toContain('If-Match: ""');
 
-      // The create: Idempotency-Key above Submit-Token; its pattern pages are links that lead to the page.
-      const headers = await page.locator(`${CREATE} tr[data-param-in="header"]`).evaluateAll((rows) => rows.map((row) => row.getAttribute('data-param-name')));
-      expect(headers.slice(0, 2)).toEqual(['Idempotency-Key', 'Submit-Token']);
-      const link = page.locator(`${CREATE} .opblock-description-wrapper a`, { hasText: 'idempotency-key' });
-      expect(await link.getAttribute('href')).toBe('/patterns/idempotency-key.md');
-      const linked = await fetch(`${t.url}/patterns/idempotency-key.md`);
-      expect(linked.status).toBe(200);
-      expect(await linked.text()).toMatch(/^# /);
-      // A real example for note, not "string".
-      expect(await page.locator(`${GET_ORDER} .responses-wrapper`).innerText()).toContain('"note": "Leave at the door"');
+        // The create: Idempotency-Key above Submit-Token; its pattern pages are links that lead to the page.
+        const headers = await page
+          .locator(`${CREATE} tr[data-param-in="header"]`)
+          .evaluateAll((rows) => rows.map((row) => row.getAttribute('data-param-name')));
+        expect(headers.slice(0, 2)).toEqual(['Idempotency-Key', 'Submit-Token']);
+        const link = page.locator(`${CREATE} .opblock-description-wrapper a`, { hasText: 'idempotency-key' });
+        expect(await link.getAttribute('href')).toBe('/patterns/idempotency-key.md');
+        const linked = await fetch(`${t.url}/patterns/idempotency-key.md`);
+        expect(linked.status).toBe(200);
+        expect(await linked.text()).toMatch(/^# /);
+        // A real example for note, not "string".
+        expect(await page.locator(`${GET_ORDER} .responses-wrapper`).innerText()).toContain('"note": "Leave at the door"');
 
-      await page.click('button.authorize');
-      const dialog = await page.locator('.auth-container').first().innerText();
-      expect(dialog).toContain('uses the dev key and prints it at start-up: dev-secret-change-me');
-      expect(dialog).not.toContain('JWT');
-    });
-  }, TEST_MS);
+        await page.click('button.authorize');
+        const dialog = await page.locator('.auth-container').first().innerText();
+        expect(dialog).toContain('uses the dev key and prints it at start-up: dev-secret-change-me');
+        expect(dialog).not.toContain('JWT');
+      });
+    },
+    TEST_MS,
+  );
 });

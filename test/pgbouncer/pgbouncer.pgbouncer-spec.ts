@@ -6,11 +6,17 @@
  */
 import { Pool } from 'pg';
 import { freePort } from '../../src/common/free-port';
-import { createsUnderLoad, expectOnlyCleanRefusals, expectRecovery, expectRefusedMeanwhile, expectStillServing, until } from '../support/outage-load';
+import {
+  createsUnderLoad,
+  expectOnlyCleanRefusals,
+  expectRecovery,
+  expectRefusedMeanwhile,
+  expectStillServing,
+  until,
+} from '../support/outage-load';
 import { type PgBouncer, startPgBouncer } from '../support/pgbouncer';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from '../support/service-process';
 import { ALICE, createTestDatabase, ignoreIdleErrors } from '../support/test-app';
-
 
 describe('behind PgBouncer in transaction mode', () => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
@@ -33,14 +39,24 @@ describe('behind PgBouncer in transaction mode', () => {
   });
 
   it('named statements left at their default through a pooler: start-up refuses, naming DATABASE_PREPARED_STATEMENTS', async () => {
-    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_MIGRATION_URL: database.url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, PSP_SANDBOX: 'in-process' });
+    const { code, output } = await runServiceToExit({
+      DATABASE_URL: pooledUrl,
+      DATABASE_MIGRATION_URL: database.url,
+      API_KEYS: `${ALICE.clientId}:${ALICE.secret}`,
+      PSP_SANDBOX: 'in-process',
+    });
     expect(code).toBe(1);
     expect(output).toContain('Invalid configuration: DATABASE_PREPARED_STATEMENTS must be set');
     expect(output).toContain('connection pooler');
   });
 
-  it("migrations through a pooler, with no direct URL for their session lock: start-up refuses, naming DATABASE_MIGRATION_URL", async () => {
-    const { code, output } = await runServiceToExit({ DATABASE_URL: pooledUrl, DATABASE_PREPARED_STATEMENTS: 'false', API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, PSP_SANDBOX: 'in-process' });
+  it('migrations through a pooler, with no direct URL for their session lock: start-up refuses, naming DATABASE_MIGRATION_URL', async () => {
+    const { code, output } = await runServiceToExit({
+      DATABASE_URL: pooledUrl,
+      DATABASE_PREPARED_STATEMENTS: 'false',
+      API_KEYS: `${ALICE.clientId}:${ALICE.secret}`,
+      PSP_SANDBOX: 'in-process',
+    });
     expect(code).toBe(1);
     expect(output).toContain('Invalid configuration: DATABASE_MIGRATION_URL must be set');
     // Refused before taking any lock: nothing was left held on a server connection of the pooler.

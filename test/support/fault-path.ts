@@ -80,8 +80,13 @@ export class FaultPath {
     }
     if (req.method === 'POST') this.delivered.set(path, (this.delivered.get(path) ?? 0) + 1);
     const headers: Record<string, string> = {};
-    for (const name of ['content-type', 'accept', 'idempotency-key']) if (typeof req.headers[name] === 'string') headers[name] = req.headers[name];
-    const answer = await fetch(this.target + req.url, { method: req.method, headers, body: chunks.length ? Buffer.concat(chunks) : undefined });
+    for (const name of ['content-type', 'accept', 'idempotency-key'])
+      if (typeof req.headers[name] === 'string') headers[name] = req.headers[name];
+    const answer = await fetch(this.target + req.url, {
+      method: req.method,
+      headers,
+      body: chunks.length ? Buffer.concat(chunks) : undefined,
+    });
     const body = Buffer.from(await answer.arrayBuffer());
     if (res.destroyed) return;
     res.writeHead(answer.status, { 'content-type': answer.headers.get('content-type') ?? 'application/json' });

@@ -13,10 +13,9 @@ export default async function globalTeardown(): Promise<void> {
       admin.on('error', () => undefined);
       await admin.connect();
       try {
-        const { rows } = await admin.query<{ datname: string }>(
-          `SELECT datname FROM pg_database WHERE starts_with(datname, $1)`,
-          [testDatabasePrefix(run.id)],
-        );
+        const { rows } = await admin.query<{ datname: string }>(`SELECT datname FROM pg_database WHERE starts_with(datname, $1)`, [
+          testDatabasePrefix(run.id),
+        ]);
         for (const { datname } of rows) await admin.query(`DROP DATABASE IF EXISTS "${datname}" WITH (FORCE)`);
       } finally {
         await admin.end();

@@ -74,8 +74,13 @@ export class LatePath {
       }
     }
     const headers: Record<string, string> = {};
-    for (const name of ['content-type', 'accept', 'idempotency-key']) if (typeof req.headers[name] === 'string') headers[name] = req.headers[name];
-    const answer = await fetch(this.target + req.url, { method: req.method, headers, body: chunks.length ? Buffer.concat(chunks) : undefined });
+    for (const name of ['content-type', 'accept', 'idempotency-key'])
+      if (typeof req.headers[name] === 'string') headers[name] = req.headers[name];
+    const answer = await fetch(this.target + req.url, {
+      method: req.method,
+      headers,
+      body: chunks.length ? Buffer.concat(chunks) : undefined,
+    });
     const body = Buffer.from(await answer.arrayBuffer());
     if (held) {
       held.status = answer.status;

@@ -32,7 +32,12 @@ const orderBody = (note: string) => ({ currency: 'EUR', items: [{ sku: 'SKU-1', 
 export type LoadWrite = (url: string, key: string) => request.Test;
 const createOrder =
   (notePrefix: string): LoadWrite =>
-  (url, key) => request(url).post('/orders').set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send(orderBody(`${notePrefix}${key}`));
+  (url, key) =>
+    request(url)
+      .post('/orders')
+      .set('Authorization', bearer(ALICE))
+      .set('Idempotency-Key', key)
+      .send(orderBody(`${notePrefix}${key}`));
 
 /**
  * Creates, each under a fresh Idempotency-Key, sent by a few workers in a loop to `url` while a test takes
@@ -53,7 +58,14 @@ export function createsUnderLoad(url: string, notePrefix: string, write: LoadWri
         phase: at,
         status: res.status,
         id: res.status === 201 ? (res.body as { id: string }).id : undefined,
-        problem: res.status >= 400 ? { contentType: res.headers['content-type'], retryAfter: res.headers['retry-after'], type: (res.body as { type?: string }).type } : undefined,
+        problem:
+          res.status >= 400
+            ? {
+                contentType: res.headers['content-type'],
+                retryAfter: res.headers['retry-after'],
+                type: (res.body as { type?: string }).type,
+              }
+            : undefined,
       };
     } catch {
       return { key, phase: at, status: 'no answer' };
@@ -78,7 +90,10 @@ export function createsUnderLoad(url: string, notePrefix: string, write: LoadWri
 /** Once the database is back: /health says so, and creates succeed again (the load's later answers count as 'after'). */
 export async function expectRecovery(load: ReturnType<typeof createsUnderLoad>, url: string): Promise<void> {
   load.enter('after');
-  await until('/health reports the database up', async () => (await request(url).get('/health').timeout(ANSWER_DEADLINE_MS)).status === 200);
+  await until(
+    '/health reports the database up',
+    async () => (await request(url).get('/health').timeout(ANSWER_DEADLINE_MS)).status === 200,
+  );
   await until('creates flow again', () => load.count('after', 201) >= 20);
 }
 
@@ -96,7 +111,10 @@ export async function expectRefusedMeanwhile(url: string): Promise<void> {
     .set('Idempotency-Key', randomUUID())
     .timeout(ANSWER_DEADLINE_MS)
     .send(orderBody('during-outage'));
-  expect({ status: refused.status, contentType: refused.headers['content-type'] }).toEqual({ status: 503, contentType: expect.stringMatching(PROBLEM_JSON) });
+  expect({ status: refused.status, contentType: refused.headers['content-type'] }).toEqual({
+    status: 503,
+    contentType: expect.stringMatching(PROBLEM_JSON),
+  });
   expect(refused.body).toMatchObject({ type: 'urn:idempotent-orders:problem:database-unavailable', status: 503 });
   expect(Number(refused.headers['retry-after'])).toBeGreaterThan(0);
 }
@@ -110,13 +128,20 @@ export async function expectOnlyCleanRefusals(load: ReturnType<typeof createsUnd
   const { outcomes } = load;
   expect([...new Set(outcomes.map((o) => o.status))].sort()).toEqual([201, 503]);
   for (const o of outcomes.filter((x) => x.status === 503)) {
-    expect(o.problem).toEqual({ contentType: expect.stringMatching(PROBLEM_JSON), retryAfter: expect.stringMatching(/^\d+$/), type: expect.stringMatching(/database-unavailable|overloaded/) });
+    expect(o.problem).toEqual({
+      contentType: expect.stringMatching(PROBLEM_JSON),
+      retryAfter: expect.stringMatching(/^\d+$/),
+      type: expect.stringMatching(/database-unavailable|overloaded/),
+    });
   }
   const acknowledged = outcomes.filter((o) => o.status === 201).map((o) => o.id!);
   const { rows: found } = await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM orders WHERE id = ANY($1::uuid[])`, [acknowledged]);
   expect(found[0].n).toBe(acknowledged.length);
 
-  const refusedKeys = outcomes.filter((o) => o.status === 503).map((o) => o.key).slice(0, 20);
+  const refusedKeys = outcomes
+    .filter((o) => o.status === 503)
+    .map((o) => o.key)
+    .slice(0, 20);
   for (const key of refusedKeys) expect((await load.create(key)).status).toBe(201);
   const { rows } = await db.query<{ orders: number; keys: number; stuck: number }>(
     `SELECT (SELECT count(*)::int FROM orders WHERE note = ANY($1::text[])) AS orders,

@@ -84,7 +84,11 @@ export async function runServiceToExit(
   env: Record<string, string>,
   { cwd, main = MAIN, deadlineMs = START_DEADLINE_MS }: { cwd?: string; main?: string; deadlineMs?: number } = {},
 ): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, [main], { env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env }, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [main], {
+    env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env },
+    cwd,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));

@@ -44,7 +44,9 @@ async function ensureTemplate(adminUrl: string, runId: string): Promise<void> {
     const { rowCount } = await admin.query('SELECT 1 FROM pg_database WHERE datname = $1', [templateDatabase(runId)]);
     if (rowCount) return;
     await admin.query(`CREATE DATABASE ${templateDatabase(runId)}`);
-    const dataSource = new DataSource(typeormOptions(databaseUrl(adminUrl, templateDatabase(runId)), { lockTimeoutMs: 10_000, poolSize: 1 }));
+    const dataSource = new DataSource(
+      typeormOptions(databaseUrl(adminUrl, templateDatabase(runId)), { lockTimeoutMs: 10_000, poolSize: 1 }),
+    );
     await dataSource.initialize();
     try {
       await dataSource.runMigrations({ transaction: 'each' });

@@ -43,7 +43,11 @@ export function rmqTransport(config: FulfilmentConfig): RmqOptions {
       queue: ORDER_EVENTS_QUEUE,
       queueOptions: {
         durable: true,
-        arguments: { 'x-queue-type': 'quorum', 'x-dead-letter-exchange': DEAD_LETTER_EXCHANGE, 'x-delivery-limit': DELIVERY_LIMIT_BACKSTOP },
+        arguments: {
+          'x-queue-type': 'quorum',
+          'x-dead-letter-exchange': DEAD_LETTER_EXCHANGE,
+          'x-delivery-limit': DELIVERY_LIMIT_BACKSTOP,
+        },
       },
       // The handler's layer acks, after its COMMIT (@IdempotentMessage); never the transport on delivery.
       noAck: false,

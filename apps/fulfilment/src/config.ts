@@ -98,7 +98,8 @@ function logLevels(env: Env, problems: string[]): LogLevel[] | false {
 function fault(env: Env, problems: string[]): FulfilmentConfig['fault'] {
   const raw = env.FULFILMENT_FAULT;
   if (raw === undefined || raw === '') return undefined;
-  if (raw !== 'die-after-batch-commit') problems.push(`FULFILMENT_FAULT must be die-after-batch-commit (tests only) or unset, got "${raw}"`);
+  if (raw !== 'die-after-batch-commit')
+    problems.push(`FULFILMENT_FAULT must be die-after-batch-commit (tests only) or unset, got "${raw}"`);
   return raw === 'die-after-batch-commit' ? raw : undefined;
 }
 

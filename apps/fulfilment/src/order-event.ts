@@ -29,7 +29,8 @@ export function parseOrderEvent(data: unknown): OrderEvent {
   if (!ORDER_EVENT_TYPES.includes(e.type as OrderEventType)) wrong.push(`type (one of ${ORDER_EVENT_TYPES.join(', ')})`);
   if (typeof e.orderId !== 'string' || !UUID.test(e.orderId)) wrong.push('orderId (a UUID)');
   if (typeof e.clientId !== 'string' || e.clientId.length === 0 || e.clientId.length > 200) wrong.push('clientId');
-  if (!Number.isSafeInteger(e.orderVersion) || (e.orderVersion as number) < 1 || (e.orderVersion as number) > 2 ** 31 - 1) wrong.push('orderVersion (an integer ≥ 1)');
+  if (!Number.isSafeInteger(e.orderVersion) || (e.orderVersion as number) < 1 || (e.orderVersion as number) > 2 ** 31 - 1)
+    wrong.push('orderVersion (an integer ≥ 1)');
   if (!Number.isSafeInteger(e.totalMinor) || (e.totalMinor as number) < 0) wrong.push('totalMinor (integer minor units ≥ 0)');
   if (typeof e.currency !== 'string' || !/^[A-Z]{3}$/.test(e.currency)) wrong.push('currency (ISO 4217)');
   if (typeof e.occurredAt !== 'string' || Number.isNaN(Date.parse(e.occurredAt))) wrong.push('occurredAt (ISO 8601)');

@@ -48,7 +48,10 @@ export class OrderEventsController {
     if (event.type !== routedAs) throw new MalformedOrderEvent(`routed as ${routedAs} but the body says ${event.type}`);
     const changed = await this.shipments.apply(event);
     if (!changed && event.type !== 'order.created') {
-      this.logger.log({ eventId: event.eventId, orderId: event.orderId, orderVersion: event.orderVersion }, `${event.type} older than the shipment's version: no change`);
+      this.logger.log(
+        { eventId: event.eventId, orderId: event.orderId, orderVersion: event.orderVersion },
+        `${event.type} older than the shipment's version: no change`,
+      );
     }
   }
 }

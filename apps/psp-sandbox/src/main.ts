@@ -69,11 +69,12 @@ async function bootstrap(): Promise<void> {
   console.log(
     [
       `psp-sandbox (dev/test only) listening on http://localhost:${bound}/psp`,
-      `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir}` : 'DATABASE_URL'}` + (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
+      `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir}` : 'DATABASE_URL'}` +
+        (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
       `  point the service at it: PSP_BASE_URL=http://localhost:${bound}/psp`,
       delivery.to === 'url'
         ? `  webhooks to ${delivery.url}${config.webhookDuplicates ? ' (every event twice)' : ''}`
-        : '  webhooks: not delivered (set PSP_WEBHOOK_URL to the service\'s /webhooks/psp and PSP_WEBHOOK_SECRET to its secret); queued in psp.webhook_outbox',
+        : "  webhooks: not delivered (set PSP_WEBHOOK_URL to the service's /webhooks/psp and PSP_WEBHOOK_SECRET to its secret); queued in psp.webhook_outbox",
     ].join('\n'),
   );
 

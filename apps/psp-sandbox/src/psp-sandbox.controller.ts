@@ -1,5 +1,14 @@
 import { Body, Controller, Get, Headers, HttpCode, Post, Query, Res } from '@nestjs/common';
-import { ApiCreatedResponse, ApiExtraModels, ApiHeader, ApiOkResponse, ApiOperation, ApiResponse, ApiTags, getSchemaPath } from '@nestjs/swagger';
+import {
+  ApiCreatedResponse,
+  ApiExtraModels,
+  ApiHeader,
+  ApiOkResponse,
+  ApiOperation,
+  ApiResponse,
+  ApiTags,
+  getSchemaPath,
+} from '@nestjs/swagger';
 import type { FastifyReply as Response } from 'fastify';
 import { IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
 import { parseIdempotencyKey } from '#idempotency/internal';
@@ -31,7 +40,12 @@ const IDEMPOTENCY_KEY = ApiHeader({
   schema: { type: 'string', maxLength: 255, example: '3f2b8c1e-5d4a-4b6c-9e7f-0a1b2c3d4e5f' },
 });
 
-const REPLAYED = { [IDEMPOTENT_REPLAYED_HEADER]: { description: 'true when this is the recorded answer of an earlier request with the same key', schema: { type: 'string' } } };
+const REPLAYED = {
+  [IDEMPOTENT_REPLAYED_HEADER]: {
+    description: 'true when this is the recorded answer of an earlier request with the same key',
+    schema: { type: 'string' },
+  },
+};
 
 function idempotencyKey(raw: string | string[] | undefined): string {
   if (raw === undefined) throw keyMissing();
@@ -96,8 +110,19 @@ export class PspSandboxController {
       },
     },
   })
-  @ApiProblems(PSP_PROBLEMS.unknownSource, PSP_PROBLEMS.invalid, PSP_PROBLEMS.keyMissing, PSP_PROBLEMS.keyMalformed, PSP_PROBLEMS.keyReused, PSP_PROBLEMS.unavailable)
-  async createCharge(@Body() body: CreateChargeDto, @Headers('idempotency-key') rawKey: string | undefined, @Res() res: Response): Promise<void> {
+  @ApiProblems(
+    PSP_PROBLEMS.unknownSource,
+    PSP_PROBLEMS.invalid,
+    PSP_PROBLEMS.keyMissing,
+    PSP_PROBLEMS.keyMalformed,
+    PSP_PROBLEMS.keyReused,
+    PSP_PROBLEMS.unavailable,
+  )
+  async createCharge(
+    @Body() body: CreateChargeDto,
+    @Headers('idempotency-key') rawKey: string | undefined,
+    @Res() res: Response,
+  ): Promise<void> {
     const gone = clientGone(res);
     const answer = await this.sandbox.createCharge(idempotencyKey(rawKey), body);
     await this.send(answer, res, gone);
@@ -107,7 +132,8 @@ export class PspSandboxController {
   @ApiOperation({
     operationId: 'pspListCharges',
     summary: 'Find charges by orderId or paymentId',
-    description: 'Reads what was recorded, at once (never delayed by a test token): how a client finds out what happened to a charge whose answer it never got.',
+    description:
+      'Reads what was recorded, at once (never delayed by a test token): how a client finds out what happened to a charge whose answer it never got.',
     security: [],
   })
   @ApiOkResponse({ type: PspChargeList })
@@ -158,7 +184,11 @@ export class PspSandboxController {
     PSP_PROBLEMS.keyReused,
     PSP_PROBLEMS.unavailable,
   )
-  async createRefund(@Body() body: CreateRefundDto, @Headers('idempotency-key') rawKey: string | undefined, @Res() res: Response): Promise<void> {
+  async createRefund(
+    @Body() body: CreateRefundDto,
+    @Headers('idempotency-key') rawKey: string | undefined,
+    @Res() res: Response,
+  ): Promise<void> {
     const gone = clientGone(res);
     const answer = await this.sandbox.createRefund(idempotencyKey(rawKey), body);
     await this.send(answer, res, gone);

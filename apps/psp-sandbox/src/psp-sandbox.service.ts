@@ -11,7 +11,6 @@ import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 import { answerDelayMs, FLAKY_FAILURES, type TestToken, testToken } from './test-tokens.js';
 import { enqueueWebhookEvent } from './webhook-outbox.js';
 
-
 /** What to send: the recorded status and body, byte for byte, after `delayMs`. */
 export interface ProviderAnswer {
   status: number;
@@ -116,7 +115,18 @@ export class PspSandboxService {
       await client.query(
         `INSERT INTO psp.charges (id, idempotency_key, status, amount_minor, currency, source, failure_code, order_id, payment_id, created_at)
          VALUES ($1, $2, $3, $4::bigint, $5, $6, $7, $8::uuid, $9::uuid, $10::timestamptz)`,
-        [charge.id, key, charge.status, charge.amountMinor, charge.currency, charge.source, charge.failureCode, charge.metadata.orderId, charge.metadata.paymentId, charge.createdAt],
+        [
+          charge.id,
+          key,
+          charge.status,
+          charge.amountMinor,
+          charge.currency,
+          charge.source,
+          charge.failureCode,
+          charge.metadata.orderId,
+          charge.metadata.paymentId,
+          charge.createdAt,
+        ],
       );
       // The event commits with the charge or not at all (a replay above returned before this: one charge, one event).
       await enqueueWebhookEvent(
@@ -175,14 +185,29 @@ export class PspSandboxService {
       );
       if (reserved.rowCount === 0) {
         // Throwing rolls the key claim back: a refused refund records nothing.
-        const [now] = (await client.query<{ status: string; remaining: string }>(`SELECT status, amount_minor - refunded_minor AS remaining FROM psp.charges WHERE id = $1`, [body.chargeId])).rows;
+        const [now] = (
+          await client.query<{ status: string; remaining: string }>(
+            `SELECT status, amount_minor - refunded_minor AS remaining FROM psp.charges WHERE id = $1`,
+            [body.chargeId],
+          )
+        ).rows;
         if (now.status !== 'succeeded') throw chargeNotRefundable(body.chargeId);
         throw refundExceedsCharge(body.chargeId, Number(now.remaining));
       }
       await client.query(
         `INSERT INTO psp.refunds (id, idempotency_key, charge_id, status, amount_minor, failure_code, refund_id, payment_id, created_at)
          VALUES ($1, $2, $3, $4, $5::bigint, $6, $7::uuid, $8::uuid, $9::timestamptz)`,
-        [refund.id, key, refund.chargeId, refund.status, refund.amountMinor, refund.failureCode, refund.metadata.refundId, refund.metadata.paymentId, refund.createdAt],
+        [
+          refund.id,
+          key,
+          refund.chargeId,
+          refund.status,
+          refund.amountMinor,
+          refund.failureCode,
+          refund.metadata.refundId,
+          refund.metadata.paymentId,
+          refund.createdAt,
+        ],
       );
       await enqueueWebhookEvent(
         client,
@@ -251,7 +276,9 @@ export class PspSandboxService {
     );
     if (claimed.rowCount === 1) return undefined;
     // A new statement: in READ COMMITTED it sees the row the conflicting transaction committed.
-    const [stored] = (await client.query<StoredKey>(`SELECT fingerprint, response_status, response_body FROM psp.idempotency_keys WHERE key = $1`, [key])).rows;
+    const [stored] = (
+      await client.query<StoredKey>(`SELECT fingerprint, response_status, response_body FROM psp.idempotency_keys WHERE key = $1`, [key])
+    ).rows;
     if (!stored) throw new Error(`psp idempotency key ${key} conflicted but cannot be read`);
     return { status: stored.response_status, body: stored.response_body, replayed: true, fingerprint: stored.fingerprint };
   }

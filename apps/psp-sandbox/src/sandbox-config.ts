@@ -27,7 +27,8 @@ export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
   const integer = (name: string, fallback: number, min: number, max: number): number => {
     const raw = env[name];
     if (raw === undefined || raw === '') return fallback;
-    if (!/^\d+$/.test(raw.trim()) || Number(raw) < min || Number(raw) > max) return invalid(name, `must be a whole number from ${min} to ${max}`, raw, fallback);
+    if (!/^\d+$/.test(raw.trim()) || Number(raw) < min || Number(raw) > max)
+      return invalid(name, `must be a whole number from ${min} to ${max}`, raw, fallback);
     return Number(raw);
   };
 
@@ -40,7 +41,8 @@ export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
       // Not a URL: refused below.
     }
     // Never printed: it may carry a password.
-    if (protocol !== 'postgres:' && protocol !== 'postgresql:') databaseUrl = invalid('DATABASE_URL', 'must be a postgres:// URL', '***', undefined);
+    if (protocol !== 'postgres:' && protocol !== 'postgresql:')
+      databaseUrl = invalid('DATABASE_URL', 'must be a postgres:// URL', '***', undefined);
   }
 
   const rawDelivery = env.PSP_WEBHOOK_URL;
@@ -53,7 +55,9 @@ export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
     } catch {
       // Not a URL: refused below.
     }
-    webhookDelivery = web ? { to: 'url', url: rawDelivery } : invalid('PSP_WEBHOOK_URL', 'must be an http(s) URL or the word none', rawDelivery, webhookDelivery);
+    webhookDelivery = web
+      ? { to: 'url', url: rawDelivery }
+      : invalid('PSP_WEBHOOK_URL', 'must be an http(s) URL or the word none', rawDelivery, webhookDelivery);
   }
 
   const rawSecret = env.PSP_WEBHOOK_SECRET?.trim() || undefined;
@@ -64,7 +68,12 @@ export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
     webhookSecret = invalid('PSP_WEBHOOK_SECRET', 'must be whsec_ followed by the base64 of at least 16 bytes', '***', DEV_WEBHOOK_SECRET);
   } else if (databaseUrl && webhookSecret === DEV_WEBHOOK_SECRET) {
     // On a real database, events signed with the published secret could be forged by anyone.
-    invalid('PSP_WEBHOOK_SECRET', 'is required when DATABASE_URL is set, and must not be the published dev secret', rawSecret ? '***' : '', undefined);
+    invalid(
+      'PSP_WEBHOOK_SECRET',
+      'is required when DATABASE_URL is set, and must not be the published dev secret',
+      rawSecret ? '***' : '',
+      undefined,
+    );
   }
 
   const rawDuplicates = env.PSP_WEBHOOK_DUPLICATES;

@@ -9,7 +9,9 @@ import { SandboxDatabase } from './sandbox-database.js';
  */
 export type WebhookDeliveryResult = 'delivered' | 'rejected' | 'unreachable';
 
-/** What the sandbox's webhook relay reports in /metrics (the app's registry; a private one under `npm run psp`, which serves no /metrics). */
+/**
+ * What the sandbox's webhook relay reports in /metrics (the app's registry; a private one under `npm run psp`, which serves no /metrics).
+ */
 @Injectable()
 export class WebhookMetrics {
   private readonly logger = new Logger('PspWebhookRelay');

@@ -51,7 +51,8 @@ interface DueEvent {
   created_at: Date;
 }
 
-type Attempt = { result: 'delivered'; status: number } | { result: Exclude<WebhookDeliveryResult, 'delivered'>; error: string } | { result: 'aborted' };
+type Attempt =
+  { result: 'delivered'; status: number } | { result: Exclude<WebhookDeliveryResult, 'delivered'>; error: string } | { result: 'aborted' };
 
 /**
  * The sandbox's webhook sender: delivers the outbox (webhook-outbox.ts) at least once, signed per
@@ -126,7 +127,8 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
       });
       if (this.stopping.signal.aborted) return void (await listener.stop());
       this.listener = listener;
-      if (!listener.available) this.logger.log('psp webhook relay polls every 500 ms: a transaction pooler is in between, where LISTEN cannot work');
+      if (!listener.available)
+        this.logger.log('psp webhook relay polls every 500 ms: a transaction pooler is in between, where LISTEN cannot work');
     } catch (err) {
       this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'psp webhook listener failed to start; polling');
     }
@@ -157,7 +159,11 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
       // pool) while the other sends are still in flight. A row whose write failed is retried when its lease runs out.
       const outcomes = await Promise.allSettled(due.map((event) => this.deliver(event, url)));
       for (const outcome of outcomes) {
-        if (outcome.status === 'rejected') this.logger.warn({ err: outcome.reason instanceof Error ? outcome.reason.message : String(outcome.reason) }, 'psp webhook outcome not recorded; due again when its lease runs out');
+        if (outcome.status === 'rejected')
+          this.logger.warn(
+            { err: outcome.reason instanceof Error ? outcome.reason.message : String(outcome.reason) },
+            'psp webhook outcome not recorded; due again when its lease runs out',
+          );
       }
       await this.logBacklog();
       if (due.length === BATCH_SIZE) return 0;
@@ -208,7 +214,10 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
     if (attempt.result === 'aborted') {
       // Shutting down: the send did not finish, so it does not count. Release the lease so the
       // next relay (or this service after its restart) sends it at once instead of after LEASE_MS.
-      await this.db.query(`UPDATE psp.webhook_outbox SET next_attempt_at = now() WHERE id = $1 AND copy = $2 AND delivered_at IS NULL`, [event.id, event.copy]);
+      await this.db.query(`UPDATE psp.webhook_outbox SET next_attempt_at = now() WHERE id = $1 AND copy = $2 AND delivered_at IS NULL`, [
+        event.id,
+        event.copy,
+      ]);
       this.logger.log(log, 'psp webhook send abandoned at shutdown; due again');
       return;
     }
@@ -229,7 +238,10 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
        WHERE id = $1 AND copy = $2 AND delivered_at IS NULL`,
       [event.id, event.copy, delayMs, attempt.error],
     );
-    this.logger.warn({ ...log, result: attempt.result, error: attempt.error, retryInMs: delayMs }, 'psp webhook delivery failed; will retry');
+    this.logger.warn(
+      { ...log, result: attempt.result, error: attempt.error, retryInMs: delayMs },
+      'psp webhook delivery failed; will retry',
+    );
   }
 
   /** One signed POST. The webhook-id is the event's, on every attempt and copy; the timestamp is this attempt's. */
@@ -272,6 +284,7 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
     const [backlog] = await this.db.query<{ pending: number; oldest: Date | null }>(
       `SELECT count(*)::int AS pending, min(created_at) AS oldest FROM psp.webhook_outbox WHERE delivered_at IS NULL`,
     );
-    if (backlog.pending > 0) this.logger.log({ pending: backlog.pending, oldestCreatedAt: backlog.oldest?.toISOString() }, 'psp webhook outbox backlog');
+    if (backlog.pending > 0)
+      this.logger.log({ pending: backlog.pending, oldestCreatedAt: backlog.oldest?.toISOString() }, 'psp webhook outbox backlog');
   }
 }

@@ -5,7 +5,10 @@ import pg from 'pg';
 import { OURS_CLIENTS } from '../lib.mjs';
 
 export const rid = (n = 4) => crypto.randomBytes(n).toString('hex');
-export const arg = (n, d) => { const i = process.argv.indexOf(`--${n}`); return i > 0 ? process.argv[i + 1] : d; };
+export const arg = (n, d) => {
+  const i = process.argv.indexOf(`--${n}`);
+  return i > 0 ? process.argv[i + 1] : d;
+};
 export const TARGET = process.env.TARGET ?? 'peer';
 export const APP_URL = () => process.env.APP_URL;
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -26,9 +29,19 @@ export async function postOrder({ url = APP_URL(), key, token, body }) {
   if (key !== undefined) headers['idempotency-key'] = key;
   if (token !== undefined) headers.authorization = `Bearer ${token}`;
   try {
-    const r = await fetch(url + '/orders', { method: 'POST', headers, body: typeof body === 'string' ? body : JSON.stringify(body), signal: AbortSignal.timeout(30_000) });
+    const r = await fetch(url + '/orders', {
+      method: 'POST',
+      headers,
+      body: typeof body === 'string' ? body : JSON.stringify(body),
+      signal: AbortSignal.timeout(30_000),
+    });
     const text = await r.text();
-    let json; try { json = JSON.parse(text); } catch { json = text; }
+    let json;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      json = text;
+    }
     return { status: r.status, replayed: r.headers.get('idempotent-replayed') === 'true', json };
   } catch (e) {
     return { status: 'conn-error', error: e.cause?.code ?? e.message };
@@ -37,16 +50,25 @@ export async function postOrder({ url = APP_URL(), key, token, body }) {
 
 export function histogram(results) {
   const h = {};
-  for (const r of results) { const k = `${r.status}${r.replayed ? ' replayed' : ''}`; h[k] = (h[k] ?? 0) + 1; }
+  for (const r of results) {
+    const k = `${r.status}${r.replayed ? ' replayed' : ''}`;
+    h[k] = (h[k] ?? 0) + 1;
+  }
   return h;
 }
 
 let conn;
 export async function db() {
-  if (!conn) { conn = new pg.Client({ connectionString: process.env.DATABASE_URL }); await conn.connect(); }
+  if (!conn) {
+    conn = new pg.Client({ connectionString: process.env.DATABASE_URL });
+    await conn.connect();
+  }
   return conn;
 }
-export async function closeDb() { if (conn) await conn.end(); conn = undefined; }
+export async function closeDb() {
+  if (conn) await conn.end();
+  conn = undefined;
+}
 export async function ordersFor(clientId) {
   const c = await db();
   return (await c.query('SELECT count(*)::int AS n FROM orders WHERE client_id = $1', [clientId])).rows[0].n;
@@ -56,7 +78,7 @@ export const items = (tag = 'sku') => [
   { sku: `${tag}-2`, quantity: 1, unitPriceMinor: 999 },
 ];
 /** message (peer) or detail/title (our problem+json) of an error response. */
-export const why = (r) => (typeof r.json === 'object' && r.json ? r.json.message ?? r.json.title ?? '' : '');
+export const why = (r) => (typeof r.json === 'object' && r.json ? (r.json.message ?? r.json.title ?? '') : '');
 export function report(name, summary, detail) {
   console.log(`${name} [${TARGET}]: ${summary}`);
   console.log('PROBE ' + JSON.stringify({ probe: name, target: TARGET, ...detail }));

@@ -168,7 +168,10 @@ export class AtomicPhases {
   /** The existing row, locked, so that a take-over here and a settler elsewhere cannot interleave; undefined once reaped. */
   private async lockExisting(scope: KeyScope): Promise<PhasedKeyRow | undefined> {
     const [row] = await this.lockTimeoutIsConflict(scope, () =>
-      this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, [scope.clientId, scope.key]),
+      this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, [
+        scope.clientId,
+        scope.key,
+      ]),
     );
     return row;
   }
@@ -217,7 +220,10 @@ export class AtomicPhases {
     return rows.map((r) => this.leased(r));
   }
 
-  /** Takes over one unfinished key whose lease has run out (a stale one found by another request); undefined when it is still leased or finished. */
+  /**
+   * Takes over one unfinished key whose lease has run out (a stale one found by another request); undefined when it is still leased or
+   * finished.
+   */
   async takeOverLease(keyId: string): Promise<LeasedKey | undefined> {
     const [taken] = await this.db.query<LeaseRow>(TAKE_OVER_LEASE, [keyId, this.options.leaseSeconds, false]);
     return taken && this.leased(taken);

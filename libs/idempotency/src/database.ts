@@ -314,7 +314,10 @@ export class Database implements OnModuleDestroy {
 
   /** Ends the aborted transaction and drops the connection's prepared statements, in one write. */
   private async rollBackAndDiscardStatements(open: OpenTransaction): Promise<void> {
-    await this.write(open.client, [{ sql: 'ROLLBACK', params: [] }, { sql: DISCARD_STATEMENTS, params: [] }]);
+    await this.write(open.client, [
+      { sql: 'ROLLBACK', params: [] },
+      { sql: DISCARD_STATEMENTS, params: [] },
+    ]);
     open.state = 'not begun';
     // pg's own record of what it prepared on this connection (not public API): without it, pg would
     // bind the names it believes exist. Should it be missing, the connection is not reused.

@@ -13,7 +13,12 @@ const VISIBLE_ASCII_KEY = /^[\x21-\x7E]{1,255}$/;
 export const defaultProblemType = (slug: string): string => `urn:idempotency:problem:${slug}`;
 
 function malformed(problemType: (slug: string) => string, detail: string): ProblemDetailsException {
-  return new ProblemDetailsException({ type: problemType('idempotency-key-malformed'), title: 'Idempotency-Key is malformed', status: 400, detail });
+  return new ProblemDetailsException({
+    type: problemType('idempotency-key-malformed'),
+    title: 'Idempotency-Key is malformed',
+    status: 400,
+    detail,
+  });
 }
 
 /**
@@ -36,16 +41,20 @@ export function parseIdempotencyKey(raw: string | string[], problemType: (slug: 
     } catch {
       throw malformedKey('A quoted Idempotency-Key must be one RFC 8941 string, such as "8e03978e-40d5-43e8-bc93-6894a57f9324".');
     }
-    if (typeof key !== 'string' || params.size > 0) throw malformedKey('A quoted Idempotency-Key must be a plain RFC 8941 string, without parameters.');
+    if (typeof key !== 'string' || params.size > 0)
+      throw malformedKey('A quoted Idempotency-Key must be a plain RFC 8941 string, without parameters.');
     // An RFC 8941 string may hold spaces; a key may not, quoted or bare.
-    if (!VISIBLE_ASCII_KEY.test(key)) throw malformedKey(`An Idempotency-Key is 1 to ${MAX_KEY_LENGTH} visible ASCII characters, without spaces, quoted or not.`);
+    if (!VISIBLE_ASCII_KEY.test(key))
+      throw malformedKey(`An Idempotency-Key is 1 to ${MAX_KEY_LENGTH} visible ASCII characters, without spaces, quoted or not.`);
     return key;
   }
   if (!VISIBLE_ASCII_KEY.test(value)) {
     throw malformedKey(`An Idempotency-Key is 1 to ${MAX_KEY_LENGTH} visible ASCII characters (a UUID is a good choice).`);
   }
   if (value.includes(',')) {
-    throw malformedKey('A bare Idempotency-Key may not contain a comma: it reads as several values (two headers merged into one). Quote it ("a,b") if the comma is part of the key.');
+    throw malformedKey(
+      'A bare Idempotency-Key may not contain a comma: it reads as several values (two headers merged into one). Quote it ("a,b") if the comma is part of the key.',
+    );
   }
   return value;
 }

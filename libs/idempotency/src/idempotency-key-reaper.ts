@@ -35,7 +35,10 @@ export class IdempotencyKeyReaper implements OnApplicationBootstrap, OnApplicati
     try {
       await this.reapExpiredKeys();
     } catch (err) {
-      this.logger.error(`reaping expired idempotency keys failed; will retry next tick: ${String(err)}`, err instanceof Error ? err.stack : undefined);
+      this.logger.error(
+        `reaping expired idempotency keys failed; will retry next tick: ${String(err)}`,
+        err instanceof Error ? err.stack : undefined,
+      );
     }
   }
 

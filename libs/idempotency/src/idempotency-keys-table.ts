@@ -43,7 +43,9 @@ export async function createIdempotencyKeysTable(queryRunner: QueryRunner): Prom
   await queryRunner.query(`CREATE INDEX "ix_idempotency_keys_expires_at" ON "idempotency_keys" ("expires_at")`);
   // Phased keys whose lease has run out, for a reconciler. On locked_until alone (not state), so recording
   // an answer changes no indexed column and rewrites the row in place (a HOT update; fillfactor leaves it room).
-  await queryRunner.query(`CREATE INDEX "ix_idempotency_keys_unfinished_lease" ON "idempotency_keys" ("locked_until") WHERE "locked_until" IS NOT NULL`);
+  await queryRunner.query(
+    `CREATE INDEX "ix_idempotency_keys_unfinished_lease" ON "idempotency_keys" ("locked_until") WHERE "locked_until" IS NOT NULL`,
+  );
 }
 
 export async function dropIdempotencyKeysTable(queryRunner: QueryRunner): Promise<void> {

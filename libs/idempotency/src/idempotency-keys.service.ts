@@ -54,9 +54,7 @@ const toRecord = (row: KeyRow): KeyRecord => ({
   expired: row.expired,
   expiresInMs: row.expires_in_ms,
   response:
-    row.state === 'completed'
-      ? { status: row.response_status!, headers: row.response_headers ?? {}, body: row.response_body! }
-      : null,
+    row.state === 'completed' ? { status: row.response_status!, headers: row.response_headers ?? {}, body: row.response_body! } : null,
 });
 
 // An unfinished phased key expires at 'infinity', which no interval can measure.
@@ -75,7 +73,10 @@ const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired,
 const TRY_LOCK_KEY = `SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked`;
 const LOCK_KEY = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`;
 
-/** Read under the lock, in a statement of its own: its snapshot is taken after the lock is held, so it sees whatever the holder before committed. */
+/**
+ * Read under the lock, in a statement of its own: its snapshot is taken after the lock is held, so it sees whatever the holder before
+ * committed.
+ */
 const FIND_KEY = `SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
 
 /**
@@ -150,7 +151,13 @@ export class IdempotencyKeysService {
       if (!row) return { kind: 'claimed' };
       const record = toRecord(row);
       if (!record.expired || !record.response) return { kind: 'existing', record, waited };
-      const [taken] = await this.db.query<{ id: string }>(TAKE_OVER_EXPIRED_KEY, [...key, scope.fingerprint, scope.method, scope.path, this.options.ttlSeconds]);
+      const [taken] = await this.db.query<{ id: string }>(TAKE_OVER_EXPIRED_KEY, [
+        ...key,
+        scope.fingerprint,
+        scope.method,
+        scope.path,
+        this.options.ttlSeconds,
+      ]);
       if (taken) return { kind: 'claimed', id: taken.id };
       // Reaped, or taken over by a process that does not take the lock: read it again.
       row = (await this.db.query<KeyRow>(FIND_KEY, key))[0];
@@ -165,8 +172,15 @@ export class IdempotencyKeysService {
   recordResponse(claim: { id?: string }, scope: KeyScope, response: StoredResponse): void {
     if (claim.id === undefined) {
       this.db.defer(INSERT_COMPLETED_KEY, [
-        scope.clientId, scope.key, scope.fingerprint, scope.method, scope.path,
-        response.status, response.headers, response.body, this.options.ttlSeconds,
+        scope.clientId,
+        scope.key,
+        scope.fingerprint,
+        scope.method,
+        scope.path,
+        response.status,
+        response.headers,
+        response.body,
+        this.options.ttlSeconds,
       ]);
       return;
     }

@@ -33,7 +33,12 @@ interface PromClient {
 /** A name in a variable: TypeScript does not resolve it, so the import compiles where prom-client is not installed. */
 const PROM_CLIENT = 'prom-client';
 
-const NO_INSTRUMENTS: Instruments = { requests: { inc: () => undefined }, messages: { inc: () => undefined }, wait: { observe: () => undefined }, waiting: { inc: () => undefined, dec: () => undefined } };
+const NO_INSTRUMENTS: Instruments = {
+  requests: { inc: () => undefined },
+  messages: { inc: () => undefined },
+  wait: { observe: () => undefined },
+  waiting: { inc: () => undefined, dec: () => undefined },
+};
 
 /** What the Idempotency-Key layer reports: each outcome logged with client and key and counted, and the waits. */
 export class IdempotencyMetrics {

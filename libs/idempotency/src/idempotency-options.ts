@@ -88,7 +88,8 @@ export const {
   ASYNC_OPTIONS_TYPE,
 } = new ConfigurableModuleBuilder<IdempotencyModuleOptions>()
   .setClassMethodName('forRoot')
-  // Global by default, as TypeOrmModule.forRoot is: every module with an @Idempotent() route needs the layer's providers, and there is one layer per app.
+  // Global by default, as TypeOrmModule.forRoot is: every module with an @Idempotent() route needs the layer's providers, and there is one
+  // layer per app.
   .setExtras({ isGlobal: true }, (definition, extras) => ({ ...definition, global: extras.isGlobal }))
   .build();
 

@@ -27,12 +27,19 @@ export class IdempotencyProblems {
   }
 
   keyInUse(detail: string, retryAfterSeconds: number): ProblemDetailsException {
-    return this.problem(409, 'idempotency-key-in-use', 'A request is outstanding for this Idempotency-Key', detail, { 'Retry-After': String(retryAfterSeconds) });
+    return this.problem(409, 'idempotency-key-in-use', 'A request is outstanding for this Idempotency-Key', detail, {
+      'Retry-After': String(retryAfterSeconds),
+    });
   }
 
   /** No caller to scope the key to: refused before anything runs. */
   callerUnknown(): ProblemDetailsException {
-    return this.problem(401, 'caller-unknown', 'Caller unknown', 'An idempotent operation needs an authenticated caller: keys are scoped to their caller.');
+    return this.problem(
+      401,
+      'caller-unknown',
+      'Caller unknown',
+      'An idempotent operation needs an authenticated caller: keys are scoped to their caller.',
+    );
   }
 
   /** The request's key (parsed: a malformed one is a 400), scoped to its caller and bound to the request. */
@@ -42,7 +49,13 @@ export class IdempotencyProblems {
     return keyScopeOf(req, clientId, parseIdempotencyKey(raw, this.options.problemType), boundHeaders);
   }
 
-  private problem(status: number, slug: string, title: string, detail: string, headers: Record<string, string> = {}): ProblemDetailsException {
+  private problem(
+    status: number,
+    slug: string,
+    title: string,
+    detail: string,
+    headers: Record<string, string> = {},
+  ): ProblemDetailsException {
     return new ProblemDetailsException({ type: this.options.problemType(slug), title, status, detail }, headers);
   }
 }

@@ -80,7 +80,12 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return from(this.respond(scope, next, res));
   }
 
-  private replayCompleted(scope: KeyScope, completed: CompletedKey, res: IdempotentReply, outcome: 'replayed' | 'waited' = 'replayed'): string {
+  private replayCompleted(
+    scope: KeyScope,
+    completed: CompletedKey,
+    res: IdempotentReply,
+    outcome: 'replayed' | 'waited' = 'replayed',
+  ): string {
     this.refuseAnotherRequest(scope, completed.fingerprint);
     this.metrics.note(outcome, scope.clientId, scope.key);
     return writeStoredResponse(res, completed.response, true);
@@ -154,7 +159,11 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   /** The key's claim: new or existing; a request still in flight with it past the wait is a 409 (thrown). */
-  private async claim(scope: KeyScope, lockWaitMs: number | undefined, waitStarted: number): Promise<Exclude<Claim, { kind: 'contended' }>> {
+  private async claim(
+    scope: KeyScope,
+    lockWaitMs: number | undefined,
+    waitStarted: number,
+  ): Promise<Exclude<Claim, { kind: 'contended' }>> {
     let claim: Claim;
     try {
       claim = await this.keys.claimKey(scope, lockWaitMs);
@@ -178,13 +187,24 @@ export class IdempotencyInterceptor implements NestInterceptor {
     // Committed and completed, so it stays as it is until it expires. Replayed once, likely
     // replayed again (a retry storm): its next replays are answered from memory.
     if (record.response && !record.expired) {
-      this.replays.remember(scope.clientId, scope.key, { fingerprint: record.fingerprint, response: record.response }, record.expiresInMs ?? 0, claimSentAt);
+      this.replays.remember(
+        scope.clientId,
+        scope.key,
+        { fingerprint: record.fingerprint, response: record.response },
+        record.expiresInMs ?? 0,
+        claimSentAt,
+      );
     }
     return this.replay(scope, record, claim.waited || lockWaitMs !== undefined);
   }
 
   /** Runs the handler after a savepoint, and records its answer: a success, or a business refusal without its writes. */
-  private async runHandler(scope: KeyScope, claim: Extract<Claim, { kind: 'claimed' }>, next: CallHandler, res: IdempotentReply): Promise<Execution> {
+  private async runHandler(
+    scope: KeyScope,
+    claim: Extract<Claim, { kind: 'claimed' }>,
+    next: CallHandler,
+    res: IdempotentReply,
+  ): Promise<Execution> {
     // Everything the handler writes can be undone alone, so a business error is stored without them.
     this.db.savepoint(SAVEPOINT);
     let response: StoredResponse;
@@ -240,6 +260,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private outstanding(scope: KeyScope, waitedMs: number): ProblemDetailsException {
     this.metrics.note('conflict', scope.clientId, scope.key);
     if (waitedMs > 0) this.metrics.wait.observe(waitedMs / 1000);
-    return this.problems.keyInUse(`A request with this key is still being processed (waited ${Math.round(waitedMs)} ms). Retry after it has finished.`, OUTSTANDING_RETRY_AFTER_SECONDS);
+    return this.problems.keyInUse(
+      `A request with this key is still being processed (waited ${Math.round(waitedMs)} ms). Retry after it has finished.`,
+      OUTSTANDING_RETRY_AFTER_SECONDS,
+    );
   }
 }

@@ -28,8 +28,16 @@ const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
  */
 @Module({
   providers: [
-    { provide: IDEMPOTENCY_OPTIONS, useFactory: (options: IdempotencyModuleOptions) => resolveOptions(options), inject: [IDEMPOTENCY_MODULE_OPTIONS] },
-    { provide: IdempotencyMetrics, useFactory: (options: ResolvedIdempotencyOptions) => IdempotencyMetrics.create(options.metrics), inject: [IDEMPOTENCY_OPTIONS] },
+    {
+      provide: IDEMPOTENCY_OPTIONS,
+      useFactory: (options: IdempotencyModuleOptions) => resolveOptions(options),
+      inject: [IDEMPOTENCY_MODULE_OPTIONS],
+    },
+    {
+      provide: IdempotencyMetrics,
+      useFactory: (options: ResolvedIdempotencyOptions) => IdempotencyMetrics.create(options.metrics),
+      inject: [IDEMPOTENCY_OPTIONS],
+    },
     {
       provide: ReplayCache,
       useFactory: (options: ResolvedIdempotencyOptions) => new ReplayCache(options.replayCacheEntries, REPLAY_CACHE_MAX_BYTES),
@@ -43,6 +51,17 @@ const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
     AtomicPhases,
     IdempotencyInterceptor,
   ],
-  exports: [IDEMPOTENCY_OPTIONS, Database, IdempotencyKeysService, IdempotencyMetrics, IdempotencyProblems, IdempotencyKeyReaper, KeyLines, ReplayCache, AtomicPhases, IdempotencyInterceptor],
+  exports: [
+    IDEMPOTENCY_OPTIONS,
+    Database,
+    IdempotencyKeysService,
+    IdempotencyMetrics,
+    IdempotencyProblems,
+    IdempotencyKeyReaper,
+    KeyLines,
+    ReplayCache,
+    AtomicPhases,
+    IdempotencyInterceptor,
+  ],
 })
 export class IdempotencyModule extends ConfigurableIdempotencyModule {}

@@ -1,4 +1,15 @@
-import { applyDecorators, type CallHandler, type ExecutionContext, Inject, Injectable, Logger, type NestInterceptor, Optional, SetMetadata, UseInterceptors } from '@nestjs/common';
+import {
+  applyDecorators,
+  type CallHandler,
+  type ExecutionContext,
+  Inject,
+  Injectable,
+  Logger,
+  type NestInterceptor,
+  Optional,
+  SetMetadata,
+  UseInterceptors,
+} from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
 import { from, lastValueFrom, type Observable } from 'rxjs';
 import type { QueryRunner } from 'typeorm';
@@ -77,7 +88,8 @@ export interface IdempotentMessageDefaults {
   /** Tests' fault hook: runs after a batch's COMMIT, before its acks, with the ids it committed. */
   afterBatchCommit?: (messageIds: string[]) => void;
 }
-type ResolvedMessageOptions = Required<Omit<IdempotentMessageOptions, 'maxAttempts' | 'batch'>> & Pick<IdempotentMessageOptions, 'maxAttempts' | 'batch'>;
+type ResolvedMessageOptions = Required<Omit<IdempotentMessageOptions, 'maxAttempts' | 'batch'>> &
+  Pick<IdempotentMessageOptions, 'maxAttempts' | 'batch'>;
 export const MAX_BATCH_SIZE = 50;
 // The marks' CHECK: a longer id would fail a batch's one claim for all of its messages, so it goes alone.
 const MAX_MESSAGE_ID_LENGTH = 255;
@@ -101,7 +113,8 @@ export function deliveryAttempt(message: AmqpMessage): number {
 }
 
 /** The claim ($1 consumer, $2 message id): a row back means this delivery is the first and goes on to the effect. */
-export const claimMessageStatement = (table: string) => `INSERT INTO ${table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1`;
+export const claimMessageStatement = (table: string) =>
+  `INSERT INTO ${table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1`;
 
 /**
  * A batch's claim ($1 consumer, $2 message ids, distinct and sorted): the ids that came back are this batch's to
@@ -131,7 +144,13 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
     return from(this.handle(options, rpc.getData(), broker.getMessage() as AmqpMessage, broker.getChannelRef() as AmqpChannel, next));
   }
 
-  private handle(options: ResolvedMessageOptions, data: unknown, message: AmqpMessage, channel: AmqpChannel, next: CallHandler): Promise<void> {
+  private handle(
+    options: ResolvedMessageOptions,
+    data: unknown,
+    message: AmqpMessage,
+    channel: AmqpChannel,
+    next: CallHandler,
+  ): Promise<void> {
     const { consumer } = options;
     const messageId = options.key(data, message);
     const attempt = deliveryAttempt(message);
@@ -174,7 +193,14 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
   private settleFailure(delivery: Delivery, err: unknown): void {
     const { options, messageId, attempt, message, channel } = delivery;
     const last = attempt >= (options.maxAttempts ?? this.defaults?.maxAttempts ?? 5);
-    this.settle(channel, message, last ? 'dead-lettered' : 'retried', options.consumer, { messageId, attempt, err }, last ? `failed ${attempt} times` : 'failed, sent back');
+    this.settle(
+      channel,
+      message,
+      last ? 'dead-lettered' : 'retried',
+      options.consumer,
+      { messageId, attempt, err },
+      last ? `failed ${attempt} times` : 'failed, sent back',
+    );
   }
 
   /** Batches wait here per marks' table and consumer (one claim statement serves a batch). */
@@ -224,7 +250,9 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
     try {
       results = await this.db.transaction(async () => {
         const claimed = new Set(
-          (await this.db.query<{ message_id: string }>(claimMessagesStatement(table), [consumer, deliveries.map((d) => d.messageId)])).map((r) => r.message_id),
+          (await this.db.query<{ message_id: string }>(claimMessagesStatement(table), [consumer, deliveries.map((d) => d.messageId)])).map(
+            (r) => r.message_id,
+          ),
         );
         const out: BatchResult[] = [];
         for (const [i, delivery] of deliveries.entries()) {
@@ -249,7 +277,10 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
         return out;
       });
     } catch (err) {
-      this.logger.warn({ consumer, messages: deliveries.length, err }, 'a batch failed as a whole; its messages are tried again one by one');
+      this.logger.warn(
+        { consumer, messages: deliveries.length, err },
+        'a batch failed as a whole; its messages are tried again one by one',
+      );
       await Promise.all(deliveries.map((delivery) => this.handleOne(delivery)));
       return;
     }
@@ -259,7 +290,11 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
     for (const [i, delivery] of deliveries.entries()) {
       const result = results[i];
       if ('err' in result) this.settleFailure(delivery, result.err);
-      else this.settle(delivery.channel, delivery.message, result.applied ? 'applied' : 'duplicate', consumer, { messageId: delivery.messageId, attempt: delivery.attempt });
+      else
+        this.settle(delivery.channel, delivery.message, result.applied ? 'applied' : 'duplicate', consumer, {
+          messageId: delivery.messageId,
+          attempt: delivery.attempt,
+        });
       delivery.done();
     }
   }
@@ -281,7 +316,14 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
     }
   }
 
-  private settle(channel: AmqpChannel, message: AmqpMessage, outcome: MessageOutcome, consumer: string, fields: Record<string, unknown>, why?: string): void {
+  private settle(
+    channel: AmqpChannel,
+    message: AmqpMessage,
+    outcome: MessageOutcome,
+    consumer: string,
+    fields: Record<string, unknown>,
+    why?: string,
+  ): void {
     try {
       if (outcome === 'applied' || outcome === 'duplicate') channel.ack(message);
       else channel.nack(message, false, outcome === 'retried');

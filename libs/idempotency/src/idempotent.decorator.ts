@@ -11,5 +11,8 @@ export { IDEMPOTENT, type IdempotentOptions } from './idempotent-route.js';
  * through `Database` (`manager`, `getRepository`, `query`) to be part of that transaction.
  */
 export function Idempotent(options: IdempotentOptions = {}) {
-  return applyDecorators(SetMetadata(IDEMPOTENT, { ...options, required: options.required ?? true }), UseInterceptors(IdempotencyInterceptor));
+  return applyDecorators(
+    SetMetadata(IDEMPOTENT, { ...options, required: options.required ?? true }),
+    UseInterceptors(IdempotencyInterceptor),
+  );
 }

@@ -12,7 +12,9 @@ export {
 } from './idempotency-options.js';
 /** The key table's entity: list it in TypeORM's `entities`. */
 export { IdempotencyKey } from './idempotency-key.entity.js';
-/** Writes every error as application/problem+json, the layer's own and the app's: `{ provide: APP_FILTER, useClass: ProblemDetailsFilter }`. */
+/**
+ * Writes every error as application/problem+json, the layer's own and the app's: `{ provide: APP_FILTER, useClass: ProblemDetailsFilter }`.
+ */
 export { ProblemDetailsFilter } from './problem-details.filter.js';
 
 // The handler: a route made safe to retry.
@@ -51,4 +53,9 @@ export { IdempotentMessage, type IdempotentMessageOptions, IdempotentMessageInte
 /** The defaults a consumer app may override (its name, attempts before dead-lettering, …). */
 export { IDEMPOTENT_MESSAGE_DEFAULTS, type IdempotentMessageDefaults, MAX_BATCH_SIZE, type MessageBatching } from './idempotent-message.js';
 /** The processed-messages table for your migration, the reaper's delete, and the claim's SQL (to show it beside a naive one). */
-export { claimMessagesStatement, claimMessageStatement, createProcessedMessagesTable, reapProcessedMessages } from './idempotent-message.js';
+export {
+  claimMessagesStatement,
+  claimMessageStatement,
+  createProcessedMessagesTable,
+  reapProcessedMessages,
+} from './idempotent-message.js';

@@ -51,7 +51,9 @@ describe('isDatabaseUnavailable on what pg raises for each transport', () => {
 
   it('TCP with nobody listening: ECONNREFUSED', async () => {
     const probe = createServer();
-    const port = await new Promise<number>((bound) => probe.listen(0, '127.0.0.1', () => bound((probe.address() as { port: number }).port)));
+    const port = await new Promise<number>((bound) =>
+      probe.listen(0, '127.0.0.1', () => bound((probe.address() as { port: number }).port)),
+    );
     await new Promise((closed) => probe.close(closed));
     const err = await connectError('127.0.0.1', port);
     expect(err).toMatchObject({ code: 'ECONNREFUSED' });

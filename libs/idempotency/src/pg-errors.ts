@@ -20,7 +20,16 @@ export const PG = {
 const CONNECTION_EXCEPTION_CLASS = '08';
 
 /** Node's socket errors for a database server that is down, restarting, or cannot be reached right now. */
-const UNREACHABLE_SOCKET_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN']);
+const UNREACHABLE_SOCKET_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'EPIPE',
+  'ETIMEDOUT',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+]);
 
 /**
  * On a Unix-domain socket, two more ways a connect says "not now": the server removes its socket file when it

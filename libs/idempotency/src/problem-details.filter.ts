@@ -17,7 +17,8 @@ export class ProblemDetailsFilter implements ExceptionFilter {
     const { httpAdapter } = this.adapterHost;
     const res: unknown = host.switchToHttp().getResponse();
     const { problem, headers } = exception instanceof HttpException ? problemOf(exception) : { problem: plainProblem(500), headers: {} };
-    if (problem.status >= 500) this.logger.error(`unhandled error: ${String(exception)}`, exception instanceof Error ? exception.stack : undefined);
+    if (problem.status >= 500)
+      this.logger.error(`unhandled error: ${String(exception)}`, exception instanceof Error ? exception.stack : undefined);
     for (const [name, value] of Object.entries(headers)) httpAdapter.setHeader(res, name, value);
     httpAdapter.setHeader(res, 'Content-Type', `${PROBLEM_CONTENT_TYPE}; charset=utf-8`);
     httpAdapter.reply(res, JSON.stringify(problem), problem.status);

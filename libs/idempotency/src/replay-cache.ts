@@ -6,7 +6,10 @@ export interface CompletedKey {
   response: StoredResponse;
 }
 
-/** Both clocks at one moment, in ms: the monotonic one (immune to clock steps) and the wall one (which keeps counting while the host is suspended). */
+/**
+ * Both clocks at one moment, in ms: the monotonic one (immune to clock steps) and the wall one (which keeps counting while the host is
+ * suspended).
+ */
 export interface ClockReading {
   monotonic: number;
   wall: number;

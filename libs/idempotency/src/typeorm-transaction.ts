@@ -57,7 +57,11 @@ interface PostgresRunnerFields {
  * rolling it back from TypeORM is refused, and `close()` ends the runner with it, so a manager kept past it throws
  * instead of writing outside it.
  */
-export function joinedQueryRunner(dataSource: DataSource, client: PoolClient, flush: () => Promise<unknown> | undefined): { runner: QueryRunner; close: () => void } {
+export function joinedQueryRunner(
+  dataSource: DataSource,
+  client: PoolClient,
+  flush: () => Promise<unknown> | undefined,
+): { runner: QueryRunner; close: () => void } {
   const create = unjoined.get(dataSource) ?? dataSource.createQueryRunner.bind(dataSource);
   const runner = create('master');
   const fields = runner as unknown as PostgresRunnerFields;
@@ -80,7 +84,8 @@ export function joinedQueryRunner(dataSource: DataSource, client: PoolClient, fl
   for (const end of ['commitTransaction', 'rollbackTransaction'] as const) {
     const own = runner[end].bind(runner);
     runner[end] = () => {
-      if (fields.transactionDepth <= 1) return Promise.reject(new Error(`${end}() would end the idempotent transaction: the layer ends it`));
+      if (fields.transactionDepth <= 1)
+        return Promise.reject(new Error(`${end}() would end the idempotent transaction: the layer ends it`));
       return own();
     };
   }

@@ -86,7 +86,11 @@ export class RelayLoop {
  * The wait before the next attempt after `failures` failed attempts (1 = the first one failed): base · 2^(failures-1),
  * capped, minus up to a quarter at random so that the retries of many rows (or many instances) do not arrive in lockstep.
  */
-export function retryDelayMs(failures: number, { baseMs, capMs }: { baseMs: number; capMs: number }, random: () => number = Math.random): number {
+export function retryDelayMs(
+  failures: number,
+  { baseMs, capMs }: { baseMs: number; capMs: number },
+  random: () => number = Math.random,
+): number {
   const exponent = Math.max(0, failures - 1);
   const base = Math.min(capMs, baseMs * 2 ** Math.min(exponent, 30));
   return Math.round(base * (1 - 0.25 * random()));

@@ -138,7 +138,10 @@ interface DocumentedResponse {
 }
 
 /** A status's problem content with `p` added beside the types, examples and headers documented for it already. */
-function mergeProblem(earlierResponse: DocumentedResponse | undefined, p: ProblemExample): Required<Pick<DocumentedResponse, 'content'>> & DocumentedResponse {
+function mergeProblem(
+  earlierResponse: DocumentedResponse | undefined,
+  p: ProblemExample,
+): Required<Pick<DocumentedResponse, 'content'>> & DocumentedResponse {
   const earlier = earlierResponse?.content?.[PROBLEM_CONTENT_TYPE];
   const headers = { ...earlierResponse?.headers, ...p.headers };
   const examples: Record<string, ExampleObject> = {
@@ -147,7 +150,8 @@ function mergeProblem(earlierResponse: DocumentedResponse | undefined, p: Proble
     ...(p.example ? Object.fromEntries([namedExample(p.example)]) : {}),
   };
   const names = Object.keys(examples);
-  const content: ProblemContent = names.length > 1 ? { examples } : names.length === 1 ? { example: examples[names[0]].value as Record<string, unknown> } : {};
+  const content: ProblemContent =
+    names.length > 1 ? { examples } : names.length === 1 ? { example: examples[names[0]].value as Record<string, unknown> } : {};
   // The problem types this status can carry: one is its schema, several are a union told apart by `type`.
   const types = [...new Set([...schemaNamesIn(earlier?.schema), registerProblemType(p)])];
   const schema = types.length === 1 ? { $ref: schemaRef(types[0]) } : { oneOf: types.map((name) => ({ $ref: schemaRef(name) })) };
@@ -169,8 +173,14 @@ export const REQUEST_BODY_PROBLEMS: ProblemExample[] = [
   },
   {
     status: 400,
-    description: 'The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).',
-    example: { type: 'urn:idempotent-orders:problem:invalid-json-body', title: 'JSON body not accepted', status: 400, detail: 'The JSON body is nested deeper than 32 levels.' },
+    description:
+      'The JSON body is nested too deeply, or a string in it holds a NUL character or an unpaired surrogate (PostgreSQL cannot store either).',
+    example: {
+      type: 'urn:idempotent-orders:problem:invalid-json-body',
+      title: 'JSON body not accepted',
+      status: 400,
+      detail: 'The JSON body is nested deeper than 32 levels.',
+    },
   },
   {
     status: 415,
@@ -195,7 +205,9 @@ export function documentOnEveryOperation(document: OpenAPIObject, problems: Prob
       if (!operation) continue;
       for (const p of problems) {
         const earlier = operation.responses[p.status] as DocumentedResponse | undefined;
-        const description = earlier?.description?.split('\n\n').includes(p.description) ? earlier.description : [earlier?.description, p.description].filter(Boolean).join('\n\n');
+        const description = earlier?.description?.split('\n\n').includes(p.description)
+          ? earlier.description
+          : [earlier?.description, p.description].filter(Boolean).join('\n\n');
         operation.responses[p.status] = { ...earlier, description, ...mergeProblem(earlier, p) };
       }
     }
@@ -234,5 +246,10 @@ export const VALIDATION_FAILED: ProblemExample = {
 export const UNSUPPORTED_MEDIA_TYPE: ProblemExample = {
   status: 415,
   description: 'A request body was sent that is not application/json.',
-  example: { type: 'urn:idempotent-orders:problem:unsupported-media-type', title: 'Unsupported Media Type', status: 415, detail: 'Send the request body as application/json.' },
+  example: {
+    type: 'urn:idempotent-orders:problem:unsupported-media-type',
+    title: 'Unsupported Media Type',
+    status: 415,
+    detail: 'Send the request body as application/json.',
+  },
 };

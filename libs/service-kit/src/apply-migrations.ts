@@ -39,7 +39,11 @@ function boundLockWaits(dataSource: DataSource): void {
  * A DataSource that only migrates (no entities): `migrations` applied in timestamp order, each in its own transaction,
  * on one pooled connection (applyMigrations holds its lock on another).
  */
-export function migrationDataSourceOptions(url: string, migrations: (new () => MigrationInterface)[], applicationName: string): DataSourceOptions {
+export function migrationDataSourceOptions(
+  url: string,
+  migrations: (new () => MigrationInterface)[],
+  applicationName: string,
+): DataSourceOptions {
   return {
     type: 'postgres',
     url,

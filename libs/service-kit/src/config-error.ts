@@ -7,7 +7,11 @@ export class ConfigError extends Error {
   /** Every variable named, in the order checked (several when several are bad). */
   variables: string[];
 
-  constructor(readonly variable: string, problem: string, value: string) {
+  constructor(
+    readonly variable: string,
+    problem: string,
+    value: string,
+  ) {
     const detail = `${variable} ${problem} (got ${JSON.stringify(value)})`;
     super(`Invalid configuration: ${detail}`);
     this.name = 'ConfigError';

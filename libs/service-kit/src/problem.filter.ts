@@ -12,10 +12,15 @@ import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } fr
 
 /** Seconds to wait before retrying after a lock conflict or a full pool: long enough for most requests in the way to finish. */
 const RETRY_AFTER_SECONDS = 1;
-/** Seconds to wait while the database is unreachable: a restart or failover takes seconds, and sooner retries only meet the same refusal. */
+/**
+ * Seconds to wait while the database is unreachable: a restart or failover takes seconds, and sooner retries only meet the same refusal.
+ */
 const DATABASE_RETRY_AFTER_SECONDS = 5;
 
-/** Turns anything thrown into a problem and its headers. Shared by the filter and the idempotency layer, so a stored response is byte-identical to the one first sent. */
+/**
+ * Turns anything thrown into a problem and its headers. Shared by the filter and the idempotency layer, so a stored response is
+ * byte-identical to the one first sent.
+ */
 export function toProblem(exception: unknown): { problem: Problem; headers: Record<string, string> } {
   // The Idempotency-Key layer's own problems, the service's, and Nest's HttpExceptions.
   if (exception instanceof HttpException) return problemOf(exception);
@@ -29,7 +34,10 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
   }
   if (isUniqueViolation(exception)) {
     // Services catch the violations they expect; one that escapes is still a duplicate, not a server fault.
-    return { problem: ProblemException.of(409, 'duplicate', 'Duplicate', 'The request conflicts with an existing resource.').problem, headers: {} };
+    return {
+      problem: ProblemException.of(409, 'duplicate', 'Duplicate', 'The request conflicts with an existing resource.').problem,
+      headers: {},
+    };
   }
   if (exception instanceof PoolExhaustedError) {
     return {
@@ -39,26 +47,47 @@ export function toProblem(exception: unknown): { problem: Problem; headers: Reco
   }
   if (isDatabaseUnavailable(exception)) {
     return {
-      problem: ProblemException.of(503, 'database-unavailable', 'Database unavailable', 'The database cannot be reached right now. Retry shortly with the same Idempotency-Key: a write that did happen is replayed, not repeated.').problem,
+      problem: ProblemException.of(
+        503,
+        'database-unavailable',
+        'Database unavailable',
+        'The database cannot be reached right now. Retry shortly with the same Idempotency-Key: a write that did happen is replayed, not repeated.',
+      ).problem,
       headers: { 'Retry-After': String(DATABASE_RETRY_AFTER_SECONDS) },
     };
   }
   if (isCachedPlanInvalidated(exception)) {
     return {
-      problem: ProblemException.of(503, 'schema-changed', 'Schema changed', 'The database schema changed under this request and it was rolled back. Retry shortly with the same Idempotency-Key.').problem,
+      problem: ProblemException.of(
+        503,
+        'schema-changed',
+        'Schema changed',
+        'The database schema changed under this request and it was rolled back. Retry shortly with the same Idempotency-Key.',
+      ).problem,
       headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
     };
   }
   if (isDataException(exception)) {
-    return { problem: ProblemException.of(400, 'invalid-value', 'Invalid value', 'A value in the request cannot be stored or compared.').problem, headers: {} };
+    return {
+      problem: ProblemException.of(400, 'invalid-value', 'Invalid value', 'A value in the request cannot be stored or compared.').problem,
+      headers: {},
+    };
   }
   if (isTransientConflict(exception)) {
     return {
-      problem: ProblemException.of(409, 'concurrent-request', 'A concurrent request holds this resource', 'Another request is changing this resource right now; retry shortly.').problem,
+      problem: ProblemException.of(
+        409,
+        'concurrent-request',
+        'A concurrent request holds this resource',
+        'Another request is changing this resource right now; retry shortly.',
+      ).problem,
       headers: { 'Retry-After': String(RETRY_AFTER_SECONDS) },
     };
   }
-  return { problem: plainProblem(500, 'An unexpected error occurred. It was logged with the request id given in X-Request-Id.'), headers: {} };
+  return {
+    problem: plainProblem(500, 'An unexpected error occurred. It was logged with the request id given in X-Request-Id.'),
+    headers: {},
+  };
 }
 
 /** The driver's or the system's own words for a refusal: its code and first line, never a stack. */
@@ -79,7 +108,10 @@ export function sendProblem(exception: unknown, req: Request, res: Response, log
   } else if (problem.status > 500) {
     // An answer the service chose (the database down, every connection busy, a payment pending, the provider away):
     // expected while it lasts, so one line without a stack; an outage of thousands of requests must not bury the log.
-    logger.warn({ requestId: req.id, type: problem.type, cause: causeOf(exception) }, `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`);
+    logger.warn(
+      { requestId: req.id, type: problem.type, cause: causeOf(exception) },
+      `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`,
+    );
   } else if (Logger.isLevelEnabled('log')) {
     // A refusal (4xx): one line at info, the only line a request gets there (request lines are debug's, app.module.ts).
     logger.log({ requestId: req.id, type: problem.type }, `${problem.status} ${problem.title} on ${req.method} ${req.originalUrl}`);

@@ -13,7 +13,14 @@ export function problemType(slug: string): string {
  * framework glue for client errors. `headers` are sent with it (Retry-After, ETag, …).
  */
 export class ProblemException extends ProblemDetailsException {
-  static of(status: number, slug: string, title: string, detail: string, extra: Record<string, unknown> = {}, headers: Record<string, string> = {}): ProblemException {
+  static of(
+    status: number,
+    slug: string,
+    title: string,
+    detail: string,
+    extra: Record<string, unknown> = {},
+    headers: Record<string, string> = {},
+  ): ProblemException {
     return new ProblemException({ type: problemType(slug), title, status, detail, ...extra }, headers);
   }
 }

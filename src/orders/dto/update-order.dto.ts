@@ -13,7 +13,13 @@ export class UpdateOrderDto {
   @Type(() => ShippingAddressDto)
   shippingAddress?: ShippingAddressDto;
 
-  @ApiPropertyOptional({ type: String, nullable: true, maxLength: 1000, example: 'Leave with the neighbour', description: 'null clears the note.' })
+  @ApiPropertyOptional({
+    type: String,
+    nullable: true,
+    maxLength: 1000,
+    example: 'Leave with the neighbour',
+    description: 'null clears the note.',
+  })
   @IsOptional()
   @IsString()
   @MaxLength(1000)

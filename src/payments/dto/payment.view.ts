@@ -32,7 +32,12 @@ export class PaymentView {
   @ApiProperty({ example: 0, description: 'Refunds reserved or settled, in minor units.' })
   refundedMinor: number;
 
-  @ApiProperty({ type: 'string', nullable: true, example: null, description: 'Why a failed payment failed: card_declined, invalid_source, provider_unreachable.' })
+  @ApiProperty({
+    type: 'string',
+    nullable: true,
+    example: null,
+    description: 'Why a failed payment failed: card_declined, invalid_source, provider_unreachable.',
+  })
   failureCode: string | null;
 
   @ApiProperty({ format: 'date-time' })

@@ -23,7 +23,10 @@ export class PspWebhookEventData {
 }
 
 export class PspWebhookEvent {
-  @ApiProperty({ enum: ['charge.succeeded', 'charge.failed', 'refund.succeeded', 'refund.failed'], description: 'Other types are acknowledged and ignored.' })
+  @ApiProperty({
+    enum: ['charge.succeeded', 'charge.failed', 'refund.succeeded', 'refund.failed'],
+    description: 'Other types are acknowledged and ignored.',
+  })
   type: string;
   @ApiProperty({ format: 'date-time' })
   timestamp: string;
@@ -36,9 +39,13 @@ export class WebhookReceiptView {
   webhookId: string;
   @ApiProperty({
     enum: ['applied', 'no_effect', 'duplicate'],
-    description: 'applied: the event settled something; no_effect: recorded, nothing to change (see detail); duplicate: processed before, nothing done again.',
+    description:
+      'applied: the event settled something; no_effect: recorded, nothing to change (see detail); duplicate: processed before, nothing done again.',
   })
   outcome: string;
-  @ApiProperty({ example: 'payment-succeeded', description: 'What it did, or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).' })
+  @ApiProperty({
+    example: 'payment-succeeded',
+    description: 'What it did, or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).',
+  })
   detail: string;
 }

@@ -24,7 +24,12 @@ export class CreateRefundDto {
   @Matches(CHARGE_ID_PATTERN, { message: 'chargeId must be a sandbox charge id such as ch_5f0c3e2a1b9d8c7e6f5a4b3c' })
   chargeId: string;
 
-  @ApiProperty({ example: 1000, minimum: 1, maximum: MAX_AMOUNT_MINOR, description: 'Amount in minor units; at most what remains refundable.' })
+  @ApiProperty({
+    example: 1000,
+    minimum: 1,
+    maximum: MAX_AMOUNT_MINOR,
+    description: 'Amount in minor units; at most what remains refundable.',
+  })
   @IsInt()
   @Min(1)
   @Max(MAX_AMOUNT_MINOR)
