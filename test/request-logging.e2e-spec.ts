@@ -44,7 +44,7 @@ describe('request logging at the levels a user runs', () => {
       expect(replayed.headers['idempotent-replayed']).toBe('true');
       const refused = await post(service.url, { ...order('logged-refusal'), currency: 'euro' });
       expect(refused.status).toBe(400);
-      const ids = [created, replayed, refused].map((res) => res.headers['x-request-id'] as string);
+      const ids = [created, replayed, refused].map((res) => String(res.headers['x-request-id']));
       // Lines about these requests (the refusal's is written before its response goes out); start-up lines, which Nest
       // buffers and may flush late, and the relays' are not about a request.
       const lines = service
@@ -65,7 +65,7 @@ describe('request logging at the levels a user runs', () => {
       const before = service.output().length;
       const created = await post(service.url, order('logged-debug'));
       expect(created.status).toBe(201);
-      const requestId = created.headers['x-request-id'] as string;
+      const requestId = String(created.headers['x-request-id']);
       // pino-http writes its line once the response has finished: poll for it, with a deadline.
       const deadline = Date.now() + 5_000;
       const written = () =>
