@@ -123,6 +123,17 @@ export const claimMessageStatement = (table: string) =>
 export const claimMessagesStatement = (table: string) =>
   `INSERT INTO ${table} (consumer, message_id) SELECT $1, id FROM unnest($2::text[]) AS id ON CONFLICT DO NOTHING RETURNING message_id`;
 
+/**
+ * A line's fields as `name value, …`: plain text, which Nest's default logger prints on one line and a structured
+ * logger still gets whole (an object first would print as `Object(n)` there).
+ */
+function described(fields: Record<string, unknown>): string {
+  return Object.entries(fields)
+    .filter(([, value]) => value !== undefined)
+    .map(([name, value]) => `${name} ${value instanceof Error ? value.message : JSON.stringify(value)}`)
+    .join(', ');
+}
+
 /** Errors that say nothing about the message: the database away, the pool exhausted, a lock wait or deadlock lost. */
 const notTheMessages = (err: unknown) => isDatabaseUnavailable(err) || err instanceof PoolExhaustedError || isTransientConflict(err);
 
@@ -278,8 +289,7 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
       });
     } catch (err) {
       this.logger.warn(
-        { consumer, messages: deliveries.length, err },
-        'a batch failed as a whole; its messages are tried again one by one',
+        `a batch failed as a whole; its messages are tried again one by one (${described({ consumer, messages: deliveries.length, err })})`,
       );
       await Promise.all(deliveries.map((delivery) => this.handleOne(delivery)));
       return;
@@ -310,7 +320,7 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
         return await run();
       } catch (err) {
         if (!notTheMessages(err)) throw err;
-        this.logger.warn({ ...fields, err, retryInMs: wait }, 'database unavailable: the message is held and tried again');
+        this.logger.warn(`database unavailable: the message is held and tried again (${described({ ...fields, err, retryInMs: wait })})`);
         await new Promise((resolve) => setTimeout(resolve, wait));
       }
     }
@@ -329,14 +339,16 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
       else channel.nack(message, false, outcome === 'retried');
     } catch (err) {
       // The channel closed under us (a broker restart): the broker redelivers the message, and the mark decides again.
-      this.logger.warn({ consumer, ...fields, outcome, err }, 'could not settle the message; the broker will deliver it again');
+      this.logger.warn(
+        `could not settle the message; the broker will deliver it again (${described({ consumer, ...fields, outcome, err })})`,
+      );
       return;
     }
     this.metrics.noteMessage(consumer, outcome);
-    const line = { consumer, outcome, ...fields };
-    if (outcome === 'dead-lettered') this.logger.error(line, `message dead-lettered: ${why}`);
-    else if (outcome === 'retried') this.logger.warn(line, `message ${why}`);
-    else this.logger.debug?.(line, `message ${outcome}`);
+    const about = described({ consumer, ...fields });
+    if (outcome === 'dead-lettered') this.logger.error(`message dead-lettered: ${why} (${about})`);
+    else if (outcome === 'retried') this.logger.warn(`message ${why} (${about})`);
+    else if (Logger.isLevelEnabled('debug')) this.logger.debug(`message ${outcome} (${about})`);
   }
 }
 
