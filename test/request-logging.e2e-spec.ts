@@ -45,14 +45,19 @@ describe('request logging at the levels a user runs', () => {
       const refused = await post(service.url, { ...order('logged-refusal'), currency: 'euro' });
       expect(refused.status).toBe(400);
       const ids = [created, replayed, refused].map((res) => String(res.headers['x-request-id']));
-      // Lines about these requests (the refusal's is written before its response goes out); start-up lines, which Nest
+      // Lines about these requests; start-up lines, which Nest
       // buffers and may flush late, and the relays' are not about a request.
-      const lines = service
-        .output()
-        .split('\n')
-        .filter((l) => l.startsWith('{'))
-        .map((l) => JSON.parse(l) as Record<string, unknown>)
-        .filter((l) => ids.some((id) => JSON.stringify(l).includes(id)) || /^idempotency /.test(String(l.msg)));
+      const requestLines = () =>
+        service
+          .output()
+          .split('\n')
+          .filter((l) => l.startsWith('{'))
+          .map((l) => JSON.parse(l) as Record<string, unknown>)
+          .filter((l) => ids.some((id) => JSON.stringify(l).includes(id)) || /^idempotency /.test(String(l.msg)));
+      // The line reaches us through the child's stdout pipe, which may lag the HTTP answer: poll, with a deadline.
+      const deadline = Date.now() + 5_000;
+      while (requestLines().length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      const lines = requestLines();
       expect(lines).toEqual([
         expect.objectContaining({ level: 30, requestId: ids[2], type: 'urn:idempotent-orders:problem:validation-failed' }),
       ]);
