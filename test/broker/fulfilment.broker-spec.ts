@@ -369,7 +369,7 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     expect(bad.headers.get('content-type')).toContain('application/problem+json');
     const health = await fetch(`${consumer.url}/health`);
     expect(health.status).toBe(200);
-    expect(await health.json()).toEqual({ status: 'ok', database: 'up', broker: 'connected' });
+    expect(await health.json()).toEqual({ status: 'ok', database: 'up', broker: 'connected', consumer: 'consuming' });
   }, 120_000);
 
   /** Empties the dead-letter queue, which earlier tests leave messages in. */

@@ -52,6 +52,10 @@ export interface RabbitMq {
   closeAllConnections(): Promise<void>;
   /** Polls `queueDepth` until it equals `expected`, or rejects after the deadline with the last depth seen. */
   untilQueueDepth(queue: string, expected: QueueDepth, deadlineMs?: number): Promise<void>;
+  /** Deletes a queue with whatever it holds (its consumers are cancelled by the broker), as an operator would. */
+  deleteQueue(queue: string): Promise<void>;
+  /** `rabbitmq-queues quorum_status QUEUE` as text: each member's Raft state (leader, follower, …), for a failure's message. */
+  quorumStatus(queue: string): Promise<string>;
   /** Stops the node and its epmd for good, removes the temp dir. */
   stop(): Promise<void>;
 }
@@ -225,6 +229,20 @@ export async function startRabbitMq(): Promise<RabbitMq> {
       await startBroker();
     },
     queueDepth,
+    deleteQueue: async (queue) => {
+      await ctl(['delete_queue', queue]);
+    },
+    quorumStatus: async (queue) => {
+      const { stdout } = await run(join(BIN, 'rabbitmq-queues'), ['-n', node, '-q', 'quorum_status', queue], {
+        env,
+        cwd: dir,
+        timeout: STOP_DEADLINE_MS,
+        ...ids,
+      }).catch((err: { stdout?: string; stderr?: string; message: string }) => ({
+        stdout: `${err.message} ${err.stdout ?? ''} ${err.stderr ?? ''}`,
+      }));
+      return stdout;
+    },
     closeAllConnections: async () => {
       await ctl(['close_all_connections', 'closed by the test harness']);
     },

@@ -1,4 +1,4 @@
-import { type RmqOptions, Transport } from '@nestjs/microservices';
+import type { RmqOptions } from '@nestjs/microservices';
 import type { ConsumeMessage } from 'amqplib';
 import { connect } from 'amqplib';
 import type { FulfilmentConfig } from './config.js';
@@ -35,29 +35,26 @@ export const DELIVERY_LIMIT_BACKSTOP = 20;
  * consumer crashes and restarts) and stops a message after `x-delivery-limit` returns — a backstop for a message
  * that kills the process before the handler can dead-letter it. Failures go to the dead-letter exchange.
  */
-export function rmqTransport(config: FulfilmentConfig): RmqOptions {
+export function rmqOptions(config: FulfilmentConfig): Required<RmqOptions>['options'] {
   return {
-    transport: Transport.RMQ,
-    options: {
-      urls: [config.amqpUrl],
-      queue: ORDER_EVENTS_QUEUE,
-      queueOptions: {
-        durable: true,
-        arguments: {
-          'x-queue-type': 'quorum',
-          'x-dead-letter-exchange': DEAD_LETTER_EXCHANGE,
-          'x-delivery-limit': DELIVERY_LIMIT_BACKSTOP,
-        },
+    urls: [config.amqpUrl],
+    queue: ORDER_EVENTS_QUEUE,
+    queueOptions: {
+      durable: true,
+      arguments: {
+        'x-queue-type': 'quorum',
+        'x-dead-letter-exchange': DEAD_LETTER_EXCHANGE,
+        'x-delivery-limit': DELIVERY_LIMIT_BACKSTOP,
       },
-      // The handler's layer acks, after its COMMIT (@IdempotentMessage); never the transport on delivery.
-      noAck: false,
-      prefetchCount: config.prefetch,
-      exchange: ORDERS_EXCHANGE,
-      exchangeType: 'topic',
-      routingKey: 'order.*',
-      deserializer: new OrderEventDeserializer(),
-      socketOptions: { heartbeatIntervalInSeconds: 5, reconnectTimeInSeconds: 1 },
     },
+    // The handler's layer acks, after its COMMIT (@IdempotentMessage); never the transport on delivery.
+    noAck: false,
+    prefetchCount: config.prefetch,
+    exchange: ORDERS_EXCHANGE,
+    exchangeType: 'topic',
+    routingKey: 'order.*',
+    deserializer: new OrderEventDeserializer(),
+    socketOptions: { heartbeatIntervalInSeconds: 5, reconnectTimeInSeconds: 1 },
   };
 }
 

@@ -23,23 +23,33 @@ export class HttpController {
   }
 
   /**
-   * 200 when the database answers and the consumer's broker connection is up; 503 (problem+json) otherwise.
+   * 200 when the database answers and this process consumes its queue (its connection up, its consumer held); 503
+   * (problem+json) otherwise.
    * Hand-written, not @nestjs/terminus: two checks, one of them the transport's own status, which terminus has no indicator for.
    */
   @Get('health')
   @HttpCode(200)
-  async health(): Promise<{ status: 'ok'; database: 'up'; broker: string }> {
+  async health(): Promise<{ status: 'ok'; database: 'up'; broker: string; consumer: 'consuming' }> {
     const database = await this.db.query('SELECT 1').then(
       () => 'up',
       () => 'down',
     );
     const broker = this.broker.current;
-    if (database !== 'up' || broker !== 'connected') {
+    const consumer = this.broker.consuming ? 'consuming' : 'not consuming';
+    if (database !== 'up' || broker !== 'connected' || consumer !== 'consuming') {
       // A problem of our own: the filter hides a plain 5xx's message, and an operator needs to see which one is away.
-      const detail = `database ${database}, broker ${broker}`;
-      throw new ProblemDetailsException({ type: 'about:blank', title: 'Service Unavailable', status: 503, detail, database, broker });
+      const detail = `database ${database}, broker ${broker}, ${consumer}`;
+      throw new ProblemDetailsException({
+        type: 'about:blank',
+        title: 'Service Unavailable',
+        status: 503,
+        detail,
+        database,
+        broker,
+        consumer,
+      });
     }
-    return { status: 'ok', database: 'up', broker };
+    return { status: 'ok', database: 'up', broker, consumer };
   }
 
   @Get('metrics')

@@ -1,8 +1,9 @@
 import 'reflect-metadata';
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
-import { assertDeadLetterTopology, rmqTransport } from './broker.js';
+import { assertDeadLetterTopology, rmqOptions } from './broker.js';
 import { BrokerStatus } from './broker-status.js';
+import { OrderEventsServer } from './order-events-server.js';
 import { FulfilmentConfigError, loadFulfilmentConfig } from './config.js';
 import { FulfilmentModule } from './fulfilment.module.js';
 import { migrateFulfilment } from './migrate.js';
@@ -22,8 +23,8 @@ async function bootstrap(): Promise<void> {
     // Each applied or duplicate message is a debug line: LOG_LEVEL=debug to see them.
     logger: config.logLevels,
   });
-  const microservice = app.connectMicroservice(rmqTransport(config), { inheritAppConfig: true });
   const status = app.get(BrokerStatus);
+  const microservice = app.connectMicroservice({ strategy: new OrderEventsServer(rmqOptions(config), status) }, { inheritAppConfig: true });
   // The transport reconnects by itself (amqp-connection-manager) and reports each step here; unblocked is connected again.
   microservice.status.subscribe((s) => (status.current = String(s) === 'unblocked' ? 'connected' : String(s)));
   app.enableShutdownHooks();
