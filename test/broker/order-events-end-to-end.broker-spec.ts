@@ -1,8 +1,9 @@
 /**
  * Both halves of the broker case at once, as they run in production: the service's API changes orders, its relay
  * publishes their events from the outbox to RabbitMQ, and the fulfilment consumer (`npm run start:fulfilment`, its own
- * process and database) makes one shipment per paid order — while the consumer is SIGKILLed, and when the relay dies
- * between the broker's confirm and its mark, so that the consumer receives an event twice.
+ * process and database) makes one shipment per paid order — while the consumer is SIGKILLed, when the relay dies
+ * between the broker's confirm and its mark, so that the consumer receives an event twice, and when the broker loses
+ * what it confirmed and the outbox sends it all again.
  */
 import { randomUUID } from 'node:crypto';
 import { resolve } from 'node:path';
@@ -179,4 +180,48 @@ describe('order events end to end: the API, the outbox relay, RabbitMQ, the fulf
       1,
     );
   }, 180_000);
+
+  it('events the broker confirmed and then lost (their queue gone): published again from the outbox by one UPDATE, each applied once, the copies of those already applied dropped by their marks', async () => {
+    const api = service!.url;
+    // The consumer away, so that what the relay publishes waits in the queue; the broker confirmed every event.
+    await consumer!.kill('SIGKILL');
+    const lostOrders: string[] = [];
+    for (let i = 0; i < 20; i++) lostOrders.push(await createAndPay(api));
+    await until(
+      'the outbox sent',
+      60_000,
+      async () => (await service!.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n === 0,
+    );
+    await broker.untilQueueDepth(QUEUE, { ready: 40, unacked: 0 });
+    // Lost by the broker after its confirms (as a RabbitMQ 3.10 node killed at the wrong moment can lose a quorum queue).
+    await broker.deleteQueue(QUEUE);
+    await startConsumer();
+    await until('the consumer consumes its new queue', 30_000, async () => (await fetch(`${consumer!.url}/health`)).status === 200);
+    const lost = () =>
+      count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[]) AND status = 'pending'`, [lostOrders]);
+    expect(await lost()).toBe(0);
+    const before = await outcomes();
+    const events = (await service!.db.query(`SELECT count(*)::int AS n FROM order_events_outbox`)).rows[0].n as number;
+
+    // The replay as an operator runs it (docs/patterns/message-consumer.md): every event since a time before the loss,
+    // here all of them; the relay publishes them again.
+    await service!.db.query(`UPDATE order_events_outbox SET sent_at = NULL WHERE created_at >= $1`, [new Date(0)]);
+
+    await until('the lost orders shipped', 120_000, async () => (await lost()) === lostOrders.length);
+    await until(
+      'the outbox sent again',
+      60_000,
+      async () => (await service!.db.query(`SELECT count(*)::int AS n FROM order_events_outbox WHERE sent_at IS NULL`)).rows[0].n === 0,
+    );
+    await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 }, 60_000);
+    const after = await outcomes();
+    const grew = (outcome: string) => (after[outcome] ?? 0) - (before[outcome] ?? 0);
+    expect(grew('applied')).toBe(2 * lostOrders.length);
+    expect(grew('duplicate')).toBe(events - 2 * lostOrders.length);
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE consumer = 'fulfilment'`)).toBe(events);
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.shipments WHERE status = 'pending'`)).toBe(
+      ORDERS + 1 + lostOrders.length,
+    );
+    expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
+  }, 240_000);
 });
