@@ -1,4 +1,4 @@
-import { type INestApplication, Logger as NestLogger, type LogLevel } from '@nestjs/common';
+import { type INestApplication, Logger as NestLogger } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
@@ -11,6 +11,7 @@ import {
   applyHttpRules,
   documentOnEveryOperation,
   httpServerOptions,
+  NEST_LOG_LEVELS,
   ProblemException,
   problemSchemas,
   REQUEST_BODY_PROBLEMS,
@@ -18,7 +19,6 @@ import {
   UNSUPPORTED_MEDIA_TYPE,
 } from '#service-kit';
 import { AppModule, type AppOptions } from './app.module.js';
-import type { AppConfig } from './config/app-config.js';
 import { QuietStartupLogger } from './common/quiet-startup-logger.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from '#psp-sandbox';
@@ -116,17 +116,6 @@ export function buildOpenApiDocument(app: INestApplication) {
   document.components = { ...document.components, schemas: { ...document.components?.schemas, ...problemSchemas() } };
   return document;
 }
-
-/** Nest's levels for each LOG_LEVEL (pino's names): what Logger.isLevelEnabled answers. */
-const NEST_LOG_LEVELS: Record<AppConfig['logLevel'], LogLevel[]> = {
-  silent: [],
-  fatal: ['fatal'],
-  error: ['fatal', 'error'],
-  warn: ['fatal', 'error', 'warn'],
-  info: ['fatal', 'error', 'warn', 'log'],
-  debug: ['fatal', 'error', 'warn', 'log', 'debug'],
-  trace: ['fatal', 'error', 'warn', 'log', 'debug', 'verbose'],
-};
 
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */
 export async function createHttpApp(options: AppOptions): Promise<NestFastifyApplication> {

@@ -36,7 +36,7 @@ describe('the fulfilment consumer refuses a bad configuration at start-up', () =
       'FULFILMENT_BATCH_SIZE must be an integer from 1 to 50, got "51"',
       'FULFILMENT_BATCH_WAIT_MS must be an integer from 0 to 1000, got "-1"',
       'DATABASE_POOL_SIZE must be an integer from 1 to 500, got "many"',
-      'LOG_LEVEL must be one of silent, fatal, error, warn, info, debug, trace, got "loud"',
+      'LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got "loud"',
     ]);
   });
 

@@ -3,7 +3,7 @@
  * A bad value stops start-up with a message that names the variable (see `ConfigError`); every bad
  * or missing variable is named at once, not one per start.
  */
-import { ConfigError } from '#service-kit';
+import { ConfigError, LOG_LEVEL_NAMES, type LogLevelName } from '#service-kit';
 
 export interface ApiClient {
   clientId: string;
@@ -77,7 +77,7 @@ export interface AppConfig {
   orderEventsLeaseMs: number;
   /** Test-only fault: `die-after-confirm` kills the process between the broker's confirm and the row's mark. */
   orderEventsRelayFault?: 'die-after-confirm';
-  logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  logLevel: LogLevelName;
 }
 
 /** The dev key printed at start-up for the embedded run; never accepted when DATABASE_URL is set. */
@@ -287,8 +287,6 @@ function preparedStatements(env: Env, databaseUrl: string | undefined): boolean 
   return boolean(env, 'DATABASE_PREPARED_STATEMENTS', true);
 }
 
-const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
-
 /** Where the database is: all the migration CLI needs (it serves no request, so no API or webhook secret). */
 export type DatabaseConfig = Pick<AppConfig, 'databaseUrl' | 'databaseMigrationUrl' | 'embeddedPgDir' | 'embeddedPgPort'>;
 
@@ -329,8 +327,8 @@ function readConfig(env: Env): AppConfig {
     invalid(env, new ConfigError('API_KEYS', 'is required when DATABASE_URL is set', ''), undefined);
   }
   let logLevel = env.LOG_LEVEL || 'info';
-  if (!(LOG_LEVELS as readonly string[]).includes(logLevel)) {
-    logLevel = invalid(env, new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`, logLevel), 'info');
+  if (!(LOG_LEVEL_NAMES as readonly string[]).includes(logLevel)) {
+    logLevel = invalid(env, new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVEL_NAMES.join(', ')}`, logLevel), 'info');
   }
   const clients = rawKeys ? apiClients(env, rawKeys) : [DEV_API_CLIENT];
   if (databaseUrl && rawKeys && clients.some((client) => client.secret === DEV_API_CLIENT.secret)) {

@@ -1,4 +1,5 @@
 import type { LogLevel } from '@nestjs/common';
+import { LOG_LEVEL_NAMES, type LogLevelName, NEST_LOG_LEVELS } from '#service-kit';
 
 /**
  * The fulfilment consumer's configuration, read and validated once at start-up: every bad or missing variable is
@@ -24,19 +25,8 @@ export interface FulfilmentConfig {
   /** Tests only: `die-after-batch-commit` SIGKILLs the process between a batch's COMMIT and its acks. */
   fault?: 'die-after-batch-commit';
   /** What Nest's logger writes (LOG_LEVEL, pino's names as the service takes them). */
-  logLevels: LogLevel[] | false;
+  logLevels: LogLevel[];
 }
-
-/** Nest's logger levels each LOG_LEVEL turns on (`debug`: a line per applied and duplicate message). */
-const LOG_LEVELS: Record<string, LogLevel[] | false> = {
-  silent: false,
-  fatal: ['fatal'],
-  error: ['fatal', 'error'],
-  warn: ['fatal', 'error', 'warn'],
-  info: ['fatal', 'error', 'warn', 'log'],
-  debug: ['fatal', 'error', 'warn', 'log', 'debug'],
-  trace: ['fatal', 'error', 'warn', 'log', 'debug', 'verbose'],
-};
 
 export class FulfilmentConfigError extends Error {}
 
@@ -85,14 +75,15 @@ function url(env: Env, name: string, protocols: string[], example: string, probl
   return raw;
 }
 
-function logLevels(env: Env, problems: string[]): LogLevel[] | false {
+function logLevels(env: Env, problems: string[]): LogLevel[] {
   const raw = env.LOG_LEVEL;
-  if (raw === undefined || raw === '') return LOG_LEVELS.info;
-  if (!Object.hasOwn(LOG_LEVELS, raw)) {
-    problems.push(`LOG_LEVEL must be one of ${Object.keys(LOG_LEVELS).join(', ')}, got "${raw}"`);
-    return LOG_LEVELS.info;
+  if (raw === undefined || raw === '') return NEST_LOG_LEVELS.info;
+  if (!(LOG_LEVEL_NAMES as readonly string[]).includes(raw)) {
+    problems.push(`LOG_LEVEL must be one of ${LOG_LEVEL_NAMES.join(', ')}, got "${raw}"`);
+    return NEST_LOG_LEVELS.info;
   }
-  return LOG_LEVELS[raw];
+  // `debug`: a line per applied and duplicate message.
+  return NEST_LOG_LEVELS[raw as LogLevelName];
 }
 
 function fault(env: Env, problems: string[]): FulfilmentConfig['fault'] {

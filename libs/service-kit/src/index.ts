@@ -40,6 +40,8 @@ export { KeepRawBody, keepsRawBody } from './raw-body.js';
 export { Public, PUBLIC_ROUTE } from './public-route.js';
 
 // Start-up and stop
+/** LOG_LEVEL's names and the Nest logger levels each turns on (both apps read LOG_LEVEL the same way). */
+export { LOG_LEVEL_NAMES, type LogLevelName, NEST_LOG_LEVELS } from './log-levels.js';
 /** A bad environment variable, named in one line (several at once with ConfigError.of). */
 export { ConfigError } from './config-error.js';
 /** A refusal to start whose message says everything: printed alone, exit 1. */
