@@ -16,6 +16,7 @@ import { Pool } from 'pg';
 import { freePort } from '../../src/common/free-port';
 import { alive, type RabbitMq, startRabbitMq } from '../support/rabbitmq';
 import { type ServiceProcess, startServiceProcess } from '../support/service-process';
+import { until } from '../support/until';
 import { createTestDatabase, ignoreIdleErrors } from '../support/test-app';
 import { orderEvent, type OrderEventsPublisher, orderEventsPublisher, type TestOrderEvent } from './order-events-publisher';
 
@@ -25,14 +26,6 @@ const DEAD = 'fulfilment.order-events.dead';
 const BEFORE = 4_000;
 const AFTER = 200;
 const OUTAGE_MS = 5_000;
-
-const until = async (what: string, deadlineMs: number, done: () => Promise<boolean>) => {
-  const deadline = Date.now() + deadlineMs;
-  while (!(await done())) {
-    if (Date.now() > deadline) throw new Error(`not within ${deadlineMs} ms: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-};
 
 /** Closes a publisher, giving up after `ms`: a channel the broker nacked or dropped must not hang the clean-up. */
 const closeWithin = (publisher: OrderEventsPublisher, ms: number) =>

@@ -11,6 +11,7 @@ import { type PoolClient, Pool } from 'pg';
 import { freePort } from '../../src/common/free-port';
 import { type RabbitMq, startRabbitMq } from '../support/rabbitmq';
 import { type ServiceProcess, startServiceProcess } from '../support/service-process';
+import { until } from '../support/until';
 import { createTestDatabase, ignoreIdleErrors } from '../support/test-app';
 import { orderEvent, type OrderEventsPublisher, orderEventsPublisher } from './order-events-publisher';
 
@@ -18,14 +19,6 @@ const MAIN = resolve(process.cwd(), 'dist/apps/fulfilment/src/main.js');
 const QUEUE = 'fulfilment.order-events';
 const DEAD = 'fulfilment.order-events.dead';
 const MAX_ATTEMPTS = 3;
-
-const until = async (what: string, deadlineMs: number, done: () => Promise<boolean>) => {
-  const deadline = Date.now() + deadlineMs;
-  while (!(await done())) {
-    if (Date.now() > deadline) throw new Error(`not within ${deadlineMs} ms: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-};
 
 /**
  * A TCP relay in front of PostgreSQL: `cut()` closes it and every connection through it (the database is unreachable

@@ -12,6 +12,7 @@ import request from 'supertest';
 import { freePort } from '../../src/common/free-port';
 import { type RabbitMq, startRabbitMq } from '../support/rabbitmq';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from '../support/service-process';
+import { until } from '../support/until';
 import { ALICE, bearer, createTestDatabase, ignoreIdleErrors, startTestApp, type TestApp, WEBHOOK_SECRET } from '../support/test-app';
 
 const FULFILMENT = resolve(process.cwd(), 'dist/apps/fulfilment/src/main.js');
@@ -19,14 +20,6 @@ const QUEUE = 'fulfilment.order-events';
 const DEAD = 'fulfilment.order-events.dead';
 const ORDERS = 500;
 const WORKERS = 8;
-
-async function until(what: string, deadlineMs: number, done: () => Promise<boolean>): Promise<void> {
-  const deadline = Date.now() + deadlineMs;
-  while (!(await done())) {
-    if (Date.now() > deadline) throw new Error(`not within ${deadlineMs} ms: ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 describe('order events end to end: the API, the outbox relay, RabbitMQ, the fulfilment consumer', () => {
   let broker: RabbitMq;
