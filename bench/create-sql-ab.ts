@@ -10,8 +10,9 @@
  * Variables: B_DDL (statements for database b, separated by `;;`: DROP INDEX …, ALTER DATABASE b SET …),
  * B_UNNAMED=1 (b sends unnamed statements, as with DATABASE_PREPARED_STATEMENTS=false), B_CLAIM (one statement
  * taking the key's lock and reading it, instead of the two; it must return `locked` and the key's `id`),
- * B_SAVEPOINT=0 (b sends no SAVEPOINT), BLOCK (200), BLOCKS (12 per side). The statements are copies of the
- * service's (orders.service.ts, idempotency-keys.service.ts, database.ts): change them with those.
+ * B_SAVEPOINT=0 (b sends no SAVEPOINT), B_EVENT=0 (b's order statement writes no outbox row), BLOCK (200),
+ * BLOCKS (12 per side). The statements are copies of the service's (orders.service.ts, idempotency-keys.service.ts,
+ * database.ts): change them with those.
  * Measured with it: docs/postgres-cost-of-a-create.md.
  */
 import { readFileSync } from 'node:fs';
@@ -27,7 +28,8 @@ import { freePort } from '../src/common/free-port.js';
 import { insertOrderEvents } from '../src/events/order-events-outbox.js';
 import { ORDER_TABLE_COLUMNS } from '../src/orders/order-columns.js';
 
-const INSERT_ORDER = `
+/** The order's statement; without `event`, as it was before the outbox (no order.created row). */
+const insertOrder = (event: boolean) => `
   WITH o AS (
     INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note, creation_digest)
     VALUES ($1, $2, $3, $4, $5, $6, $11)
@@ -37,8 +39,12 @@ const INSERT_ORDER = `
     INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_minor)
     SELECT o.id, l.line_no, l.sku, l.quantity, l.unit_price_minor
       FROM o, unnest($7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS l(sku, quantity, unit_price_minor, line_no)
-  ), created_event AS (${insertOrderEvents('o', '$1::text', 's.created_at')}
-  )
+  )${
+    event
+      ? `, created_event AS (${insertOrderEvents('o', '$1::text', 's.created_at')}
+  )`
+      : ''
+  }
   SELECT ${ORDER_TABLE_COLUMNS}, $10::json AS items FROM o`;
 const TRY_LOCK_KEY = `SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked`;
 const FIND_KEY = `SELECT id, fingerprint, state, expires_at <= now() AS expired,
@@ -70,9 +76,11 @@ interface SideOptions {
   unnamed: boolean;
   claim?: string;
   savepoint: boolean;
+  event: boolean;
 }
 
-async function side({ url, unnamed, claim, savepoint }: SideOptions): Promise<Side> {
+async function side({ url, unnamed, claim, savepoint, event }: SideOptions): Promise<Side> {
+  const INSERT_ORDER = insertOrder(event);
   const client = new pg.Client({ connectionString: url, pipeline: true });
   await client.connect();
   const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
@@ -154,13 +162,14 @@ async function main(): Promise<void> {
     } finally {
       await b.end();
     }
-    const A = await side({ url: urlOf('a'), unnamed: false, savepoint: true });
+    const A = await side({ url: urlOf('a'), unnamed: false, savepoint: true, event: true });
     sides.push(A);
     const B = await side({
       url: urlOf('b'),
       unnamed: process.env.B_UNNAMED === '1',
       claim: process.env.B_CLAIM || undefined,
       savepoint: process.env.B_SAVEPOINT !== '0',
+      event: process.env.B_EVENT !== '0',
     });
     sides.push(B);
     // Warm caches, plans and the first pages of every table and index on both sides.
@@ -189,6 +198,7 @@ async function main(): Promise<void> {
           unnamed: process.env.B_UNNAMED === '1',
           claim: process.env.B_CLAIM ?? '',
           savepoint: process.env.B_SAVEPOINT !== '0',
+          event: process.env.B_EVENT !== '0',
         },
         backendUsPerCreate: { a: Math.round(median(a)), b: Math.round(median(bs)) },
         medianRatioBA: Number(median(a.map((x, i) => bs[i] / x)).toFixed(3)),
