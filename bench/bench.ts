@@ -347,11 +347,15 @@ async function statementStats(databaseUrl: string, what: string, requests = 0): 
     const per = (x: string) => (Number(x) / requests).toFixed(3);
     const sum = (k: string) => rows.reduce((a, r) => a + Number(r[k]), 0);
     console.log(`\n${what}: ${requests} requests; per request: exec ${per(String(sum('exec')))} ms, plan ${per(String(sum('plan')))} ms`);
-    console.log('| calls/req | rows/req | plans/req | exec ms/req | mean exec ms | plan ms/req | blocks/call | statement |\n|---:|---:|---:|---:|---:|---:|---:|---|');
+    console.log(
+      '| calls/req | rows/req | plans/req | exec ms/req | mean exec ms | plan ms/req | blocks/call | statement |\n|---:|---:|---:|---:|---:|---:|---:|---|',
+    );
     for (const r of rows.slice(0, 40)) {
       const mean = (Number(r.exec) / Number(r.calls)).toFixed(3);
       const blocks = (Number(r.blocks) / Number(r.calls)).toFixed(1);
-      console.log(`| ${per(r.calls)} | ${per(r.rows)} | ${per(r.plans)} | ${per(r.exec)} | ${mean} | ${per(r.plan)} | ${blocks} | ${r.query.slice(0, 200)} |`);
+      console.log(
+        `| ${per(r.calls)} | ${per(r.rows)} | ${per(r.plans)} | ${per(r.exec)} | ${mean} | ${per(r.plan)} | ${blocks} | ${r.query.slice(0, 200)} |`,
+      );
     }
   } finally {
     await client.end();

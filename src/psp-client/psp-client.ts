@@ -473,6 +473,12 @@ function errorMessage(error: unknown): string {
   const own = (error as { code?: unknown }).code;
   const cause = error.cause as { code?: unknown; message?: unknown } | undefined;
   const detail =
-    typeof own === 'string' ? own : typeof cause?.code === 'string' ? cause.code : typeof cause?.message === 'string' ? cause.message : undefined;
+    typeof own === 'string'
+      ? own
+      : typeof cause?.code === 'string'
+        ? cause.code
+        : typeof cause?.message === 'string'
+          ? cause.message
+          : undefined;
   return detail && !error.message.includes(detail) ? `${error.message} (${detail})` : error.message;
 }
