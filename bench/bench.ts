@@ -15,6 +15,8 @@
  * The pay row calls the sandbox provider as its own process (`npm run psp`, on a PostgreSQL server of its own,
  * the service pointed at it by PSP_BASE_URL), so the sandbox's CPU and its database's are counted apart from the
  * service's; BENCH_PSP=in-process mounts it in the service instead, as measured before 2026-12-01's second half.
+ * A pay row's orders are inserted, and the row warmed up for 2 s, before its CPU is sampled. BENCH_PG_STATEMENTS=1
+ * prints each pay row's statements per pay from pg_stat_statements, the service's database and the sandbox's apart.
  */
 import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
