@@ -15,6 +15,8 @@
  * The pay row calls the sandbox provider as its own process (`npm run psp`, on a PostgreSQL server of its own,
  * the service pointed at it by PSP_BASE_URL), so the sandbox's CPU and its database's are counted apart from the
  * service's; BENCH_PSP=in-process mounts it in the service instead, as measured before 2026-12-01's second half.
+ * A pay row's orders are inserted, and the row warmed up for 2 s, before its CPU is sampled. BENCH_PG_STATEMENTS=1
+ * prints each pay row's statements per pay from pg_stat_statements, the service's database and the sandbox's apart.
  */
 import autocannon from 'autocannon';
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -274,21 +276,37 @@ async function storm(url: string, databaseUrl: string): Promise<{ row: Row; exec
 /** More created orders than a pay run can use up: each pay needs an order of its own. */
 const PAY_ORDERS = 20_000;
 
+/** Of those, the orders the pay row's 2 s warm-up pays (more than it can use up at any rate measured so far). */
+const PAY_WARM_UP_ORDERS = 2_000;
+
 /** Pay at c=4: the latency one payment sees when the service is not saturated (judged p99 ≤ 120 ms; c=32 is judged against its own p50). */
 const PAY_LIGHT_CONNECTIONS = 4;
 
-/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3, the call to the sandbox, its webhook. */
-async function pays(url: string, databaseUrl: string, name: string, connections = CONNECTIONS): Promise<Row> {
+/**
+ * The orders a pay row pays, inserted before its CPU is sampled: 20,000 INSERTs (with their CHECKs, indexes and the
+ * autovacuum they set off) are the bench's fixture, not a pay's cost. Numbers of the row's own (pay-c32-…, pay-c4-…).
+ */
+async function payOrders(databaseUrl: string, connections: number): Promise<string[]> {
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 1 });
-  const { rows } = await pool.query<{ id: string }>(
-    // Order numbers of this row's own (pay-c32-…, pay-c4-…): each pay row inserts its orders afresh.
-    `INSERT INTO orders (client_id, order_number, currency, total_minor) SELECT 'bench', $2 || g, 'EUR', 4498 FROM generate_series(1, $1) g RETURNING id`,
-    [PAY_ORDERS, `pay-c${connections}-`],
-  );
-  await pool.end();
+  try {
+    const { rows } = await pool.query<{ id: string }>(
+      `INSERT INTO orders (client_id, order_number, currency, total_minor) SELECT 'bench', $2 || g, 'EUR', 4498 FROM generate_series(1, $1) g RETURNING id`,
+      [PAY_ORDERS, `pay-c${connections}-`],
+    );
+    // Vacuumed and analysed now, as autovacuum would (20,000 inserts pass its thresholds) in the middle of the row.
+    await pool.query('VACUUM (ANALYZE) orders');
+    return rows.map((r) => r.id);
+  } finally {
+    await pool.end();
+  }
+}
+
+/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3, the call to the sandbox, its webhook. */
+async function pays(url: string, orderIds: string[], name: string, connections = CONNECTIONS, duration = DURATION_S): Promise<Row> {
   let next = 0;
   return cannon(name, `${url}/orders`, {
     connections,
+    duration,
     method: 'POST',
     headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
     body: JSON.stringify({ source: 'tok_visa' }),
@@ -296,12 +314,54 @@ async function pays(url: string, databaseUrl: string, name: string, connections 
       {
         setupRequest: (req) => ({
           ...req,
-          path: `/orders/${rows[next++ % rows.length].id}/payments`,
+          path: `/orders/${orderIds[next++ % orderIds.length]}/payments`,
           headers: { ...req.headers, 'idempotency-key': randomUUID() },
         }),
       },
     ],
   });
+}
+
+/**
+ * BENCH_PG_STATEMENTS=1: both servers load pg_stat_statements (planning counted too), and each pay row prints, per
+ * database, every statement's calls, rows, execution and planning time per pay. Off by default: it costs CPU itself.
+ */
+const STATEMENT_STATS =
+  process.env.BENCH_PG_STATEMENTS === '1'
+    ? { shared_preload_libraries: 'pg_stat_statements', 'pg_stat_statements.track_planning': 'on', 'pg_stat_statements.track': 'top' }
+    : undefined;
+
+/** Resets pg_stat_statements (`what` = 'reset'), or prints what ran since, per request of the row. */
+async function statementStats(databaseUrl: string, what: string, requests = 0): Promise<void> {
+  const client = new pg.Client({ connectionString: databaseUrl });
+  await client.connect();
+  try {
+    if (what === 'reset') {
+      await client.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements');
+      await client.query('SELECT pg_stat_statements_reset()');
+      return;
+    }
+    const { rows } = await client.query<Record<string, string>>(
+      `SELECT calls, rows, plans, total_exec_time AS exec, total_plan_time AS plan, shared_blks_hit + shared_blks_read AS blocks,
+              regexp_replace(query, '\\s+', ' ', 'g') AS query
+         FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY total_exec_time + total_plan_time DESC`,
+    );
+    const per = (x: string) => (Number(x) / requests).toFixed(3);
+    const sum = (k: string) => rows.reduce((a, r) => a + Number(r[k]), 0);
+    console.log(`\n${what}: ${requests} requests; per request: exec ${per(String(sum('exec')))} ms, plan ${per(String(sum('plan')))} ms`);
+    console.log(
+      '| calls/req | rows/req | plans/req | exec ms/req | mean exec ms | plan ms/req | blocks/call | statement |\n|---:|---:|---:|---:|---:|---:|---:|---|',
+    );
+    for (const r of rows.slice(0, 40)) {
+      const mean = (Number(r.exec) / Number(r.calls)).toFixed(3);
+      const blocks = (Number(r.blocks) / Number(r.calls)).toFixed(1);
+      console.log(
+        `| ${per(r.calls)} | ${per(r.rows)} | ${per(r.plans)} | ${per(r.exec)} | ${mean} | ${per(r.plan)} | ${blocks} | ${r.query.slice(0, 200)} |`,
+      );
+    }
+  } finally {
+    await client.end();
+  }
 }
 
 /** Prints the rows as a Markdown table; returns the load line recorded with them. */
@@ -361,6 +421,7 @@ async function main(): Promise<void> {
     dir: pgDir,
     port: await freePort(),
     socket: viaSocket,
+    settings: STATEMENT_STATS,
     log: (l) => process.env.BENCH_DEBUG && console.error(l),
   });
   const dbUrl = server.socketUrl ?? server.url;
@@ -400,6 +461,7 @@ async function main(): Promise<void> {
         dir: join(dir, 'psp-pg'),
         port: await freePort(),
         socket: viaSocket,
+        settings: STATEMENT_STATS,
         log: (l) => process.env.BENCH_DEBUG && console.error(l),
       });
       sandbox = spawn(process.execPath, [fileURLToPath(new URL('../apps/psp-sandbox/src/main.js', import.meta.url))], {
@@ -471,10 +533,24 @@ async function main(): Promise<void> {
     const sandboxWhere = `sandbox ${sandboxApart ? 'in its own process' : 'in-process'}`;
     const payName = `pay with tok_visa (new key and order each; ${sandboxWhere})`;
     const payLightName = `pay with tok_visa at ${PAY_LIGHT_CONNECTIONS} connections (new key and order each; ${sandboxWhere})`;
-    const payLight = () => tolerate(payLightName, () => pays(url, dbUrl, payLightName, PAY_LIGHT_CONNECTIONS), payCpu);
+    const sandboxDbUrl = sandboxServer && (sandboxServer.socketUrl ?? sandboxServer.url);
+    const payRow = async (name: string, connections: number) => {
+      const orderIds = await payOrders(dbUrl, connections);
+      // Warm-up on orders of its own, as the create path is warmed above: each pooled connection's first runs of the pay
+      // path's statements (cold catalogue caches, five custom plans before a generic one) are a one-off, not a pay's cost.
+      await pays(url, orderIds.slice(-PAY_WARM_UP_ORDERS), 'warm-up', connections, 2);
+      orderIds.length -= PAY_WARM_UP_ORDERS;
+      const statsOf = [['the service', dbUrl], ...(sandboxDbUrl ? [['the sandbox', sandboxDbUrl]] : [])];
+      if (STATEMENT_STATS) for (const [, db] of statsOf) await statementStats(db, 'reset');
+      await tolerate(name, () => pays(url, orderIds, name, connections), payCpu);
+      const requests = rows.at(-1)!.requests;
+      if (STATEMENT_STATS) for (const [whose, db] of statsOf) await statementStats(db, `${name}, ${whose}'s PostgreSQL`, requests);
+    };
+    const payHeavy = () => payRow(payName, CONNECTIONS);
+    const payLight = () => payRow(payLightName, PAY_LIGHT_CONNECTIONS);
     // BENCH_ONLY=pay, pay4 or create: that row alone (e.g. to profile it with BENCH_SERVICE_ARGS='--cpu-prof').
     if (process.env.BENCH_ONLY === 'pay' || process.env.BENCH_ONLY === 'pay4') {
-      if (process.env.BENCH_ONLY === 'pay') await tolerate(payName, () => pays(url, dbUrl, payName), payCpu);
+      if (process.env.BENCH_ONLY === 'pay') await payHeavy();
       else await payLight();
       printRows(rows, loadAtStart, pooler !== undefined);
       return;
@@ -529,7 +605,7 @@ async function main(): Promise<void> {
       return result.row;
     });
     rows.push(reference, stormRow);
-    await tolerate(payName, () => pays(url, dbUrl, payName), payCpu);
+    await payHeavy();
     await payLight();
 
     const byName = (n: string) => rows.find((r) => r.name.startsWith(n))!;

@@ -33,6 +33,8 @@ export interface EmbeddedOptions {
    * Skipped when the socket's path would pass the kernel's limit (a deeply nested folder).
    */
   socket?: boolean;
+  /** More server settings (`-c name=value`), e.g. the bench's `shared_preload_libraries`; `npm start` passes none. */
+  settings?: Record<string, string>;
 }
 
 const USER = 'postgres';
@@ -390,6 +392,7 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
   const socket = options.socket === true && socketPathFits(dir, options.port);
   const flags = ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${socket ? dir : ''}`, '-c', 'max_connections=200'];
   if (options.fast) flags.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
+  for (const [name, value] of Object.entries(options.settings ?? {})) flags.push('-c', `${name}=${value}`);
   const claim = await claimDataFolder(dir);
   let server: ChildProcess | undefined;
   // Synchronous, as 'exit' requires: ask the server to stop, give the folder up.
