@@ -120,13 +120,20 @@ async function measureLag(
   const pay = JSON.stringify({ source: 'tok_visa' });
   /**
    * A POST that a 503 (overloaded: every connection busy; payment-pending: the sandbox did not answer within
-   * PSP_TIMEOUT_MS) sends again with the same Idempotency-Key after Retry-After, as a client must; counted apart.
+   * PSP_TIMEOUT_MS) or a lost connection sends again with the same Idempotency-Key (after Retry-After), as a client
+   * must; counted apart.
    */
   const retried: Record<string, number> = {};
   const post = async (path: string, payload: string): Promise<string> => {
     const headers = { authorization: `Bearer ${SECRET}`, 'idempotency-key': randomUUID(), 'content-type': 'application/json' };
     for (;;) {
-      const answer = await fetch(`${url}${path}`, { method: 'POST', headers, body: payload });
+      // A keep-alive connection the service closed as this request went out (ECONNRESET): the same key, again.
+      const answer = await fetch(`${url}${path}`, { method: 'POST', headers, body: payload }).catch((err: unknown) => err as Error);
+      if (answer instanceof Error) {
+        retried['connection lost'] = (retried['connection lost'] ?? 0) + 1;
+        await new Promise((r) => setTimeout(r, 100));
+        continue;
+      }
       const text = await answer.text();
       if (answer.status === 201) return text;
       if (answer.status !== 503) throw new Error(`POST ${path} answered ${answer.status}: ${text}`);
