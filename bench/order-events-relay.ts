@@ -189,9 +189,8 @@ async function measureLag(
   );
   console.log(`  (a) commit → marked sent, every event: ${summary(marked)}`);
   console.log(`  (b) order.paid → shipment committed, ${endToEnd.n} shipments: ${summary(endToEnd)}`);
-  console.log(
-    `RESULT ${JSON.stringify({ rate: RATE, seconds: SECONDS, events: events.length, retried, markedSent: marked, paidToShipment: endToEnd })}`,
-  );
+  const result = { rate: RATE, seconds: SECONDS, events: events.length, retried, markedSent: marked, paidToShipment: endToEnd };
+  console.log(`RESULT ${JSON.stringify(result)}`);
   const depth = await broker.queueDepth('fulfilment.order-events');
   console.log(`queue fulfilment.order-events: ${depth.ready} ready, ${depth.unacked} unacked (the broker's counts lag by up to 500 ms)`);
 }
