@@ -120,8 +120,8 @@ async function measureLag(
   const pay = JSON.stringify({ source: 'tok_visa' });
   /**
    * A POST that a 503 (overloaded: every connection busy; payment-pending: the sandbox did not answer within
-   * PSP_TIMEOUT_MS) or a lost connection sends again with the same Idempotency-Key (after Retry-After), as a client
-   * must; counted apart.
+   * PSP_TIMEOUT_MS), a lost connection, or a 409 idempotency-key-in-use (the retry of a lost connection met the first
+   * request still running) sends again with the same Idempotency-Key after Retry-After, as a client must; counted apart.
    */
   const retried: Record<string, number> = {};
   const post = async (path: string, payload: string): Promise<string> => {
@@ -136,8 +136,11 @@ async function measureLag(
       }
       const text = await answer.text();
       if (answer.status === 201) return text;
-      if (answer.status !== 503) throw new Error(`POST ${path} answered ${answer.status}: ${text}`);
-      const kind = `${path.endsWith('/payments') ? 'pay' : 'create'} ${(JSON.parse(text) as { type: string }).type.split(':').pop()}`;
+      const problem = answer.status === 503 || answer.status === 409 ? (JSON.parse(text) as { type?: string }).type : undefined;
+      if (answer.status !== 503 && !problem?.endsWith(':idempotency-key-in-use')) {
+        throw new Error(`POST ${path} answered ${answer.status}: ${text}`);
+      }
+      const kind = `${path.endsWith('/payments') ? 'pay' : 'create'} ${answer.status} ${problem?.split(':').pop()}`;
       retried[kind] = (retried[kind] ?? 0) + 1;
       await new Promise((r) => setTimeout(r, Number(answer.headers.get('retry-after') ?? 1) * 1000));
     }
