@@ -25,35 +25,9 @@ import { applyMigrations, migrationDataSourceOptions } from '#service-kit';
 import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { migrations } from '../migrations/index.js';
 import { freePort } from '../src/common/free-port.js';
-import { insertOrderEvents } from '../src/events/order-events-outbox.js';
-import { ORDER_TABLE_COLUMNS } from '../src/orders/order-columns.js';
+import { insertOrderStatement } from '../src/orders/orders.service.js';
+import { FIND_KEY, INSERT_COMPLETED_KEY, TRY_LOCK_KEY } from '#idempotency/internal';
 
-/** The order's statement; without `event`, as it was before the outbox (no order.created row). */
-const insertOrder = (event: boolean) => `
-  WITH o AS (
-    INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note, creation_digest)
-    VALUES ($1, $2, $3, $4, $5, $6, $11)
-    ON CONFLICT ON CONSTRAINT uq_orders_client_order_number DO NOTHING
-    RETURNING ${ORDER_TABLE_COLUMNS}
-  ), lines AS (
-    INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_minor)
-    SELECT o.id, l.line_no, l.sku, l.quantity, l.unit_price_minor
-      FROM o, unnest($7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS l(sku, quantity, unit_price_minor, line_no)
-  )${
-    event
-      ? `, created_event AS (${insertOrderEvents('o', '$1::text', 's.created_at')}
-  )`
-      : ''
-  }
-  SELECT ${ORDER_TABLE_COLUMNS}, $10::json AS items FROM o`;
-const TRY_LOCK_KEY = `SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked`;
-const FIND_KEY = `SELECT id, fingerprint, state, expires_at <= now() AS expired,
-  CASE WHEN isfinite(expires_at) THEN (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8 END AS expires_in_ms,
-  response_status, response_headers, response_body FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
-const INSERT_COMPLETED_KEY = `
-  INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, state,
-                                response_status, response_headers, response_body, completed_at, expires_at)
-  VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), now() + make_interval(secs => $9))`;
 const BEGIN =
   'BEGIN; SET LOCAL lock_timeout = 5000; SET LOCAL statement_timeout = 30000; SET LOCAL idle_in_transaction_session_timeout = 60000';
 
@@ -80,7 +54,7 @@ interface SideOptions {
 }
 
 async function side({ url, unnamed, claim, savepoint, event }: SideOptions): Promise<Side> {
-  const INSERT_ORDER = insertOrder(event);
+  const INSERT_ORDER = insertOrderStatement(event);
   const client = new pg.Client({ connectionString: url, pipeline: true });
   await client.connect();
   const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');

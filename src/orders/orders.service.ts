@@ -49,9 +49,15 @@ const ORDER_COLUMNS = `
 /**
  * Inserts the order, its lines and its order.created event in one statement. ON CONFLICT on the natural key makes a
  * concurrent duplicate wait for the first insert's transaction and then insert nothing (no order, no event): the
- * database, not a prior SELECT, decides which request created the order.
+ * database, not a prior SELECT, decides which request created the order. Without the event only for
+ * `npm run bench:create-sql`, which measures what the outbox row costs a create.
  */
-const INSERT_ORDER = `
+export function insertOrderStatement(withCreatedEvent = true): string {
+  const createdEvent = withCreatedEvent
+    ? `, created_event AS (${insertOrderEvents('o', '$1::text', 's.created_at')}
+  )`
+    : '';
+  return `
   WITH o AS (
     INSERT INTO orders (client_id, order_number, currency, total_minor, shipping_address, note, creation_digest)
     VALUES ($1, $2, $3, $4, $5, $6, $11)
@@ -61,9 +67,10 @@ const INSERT_ORDER = `
     INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price_minor)
     SELECT o.id, l.line_no, l.sku, l.quantity, l.unit_price_minor
       FROM o, unnest($7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS l(sku, quantity, unit_price_minor, line_no)
-  ), created_event AS (${insertOrderEvents('o', '$1::text', 's.created_at')}
-  )
+  )${createdEvent}
   SELECT ${ORDER_TABLE_COLUMNS}, $10::json AS items FROM o`;
+}
+const INSERT_ORDER = insertOrderStatement();
 
 function toView(row: OrderRow): OrderView {
   return {

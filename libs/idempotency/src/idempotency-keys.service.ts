@@ -70,14 +70,14 @@ const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired,
  * is what a duplicate waits on: a new key's row is written once, completed, with its answer.
  * Tried first, so a request that finds it taken knows it waited (and the find beside it is read again).
  */
-const TRY_LOCK_KEY = `SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked`;
+export const TRY_LOCK_KEY = `SELECT pg_try_advisory_xact_lock(hashtext($1), hashtext($2)) AS locked`;
 const LOCK_KEY = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`;
 
 /**
  * Read under the lock, in a statement of its own: its snapshot is taken after the lock is held, so it sees whatever the holder before
  * committed.
  */
-const FIND_KEY = `SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
+export const FIND_KEY = `SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2`;
 
 /**
  * A new key, written once with its answer (sent with the COMMIT). Its unique constraint still
@@ -85,7 +85,7 @@ const FIND_KEY = `SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE client_id = 
  * handler's claim, a process of an older build during a rolling deploy — makes this fail with
  * 23505, the transaction rolls back, and the request claims again (and replays that row).
  */
-const INSERT_COMPLETED_KEY = `
+export const INSERT_COMPLETED_KEY = `
   INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, state,
                                 response_status, response_headers, response_body, completed_at, expires_at)
   VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), now() + make_interval(secs => $9))`;

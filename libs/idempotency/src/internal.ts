@@ -19,3 +19,5 @@ export { IdempotencyKeyReaper } from './idempotency-key-reaper.js';
 export { type ResolvedIdempotencyOptions, resolveOptions as resolveIdempotencyOptions } from './idempotency-options.js';
 /** The problem+json media type, and a problem with nothing more to say than its status. */
 export { PROBLEM_CONTENT_TYPE, plainProblem } from './problem-details.js';
+/** The claim's statements as a create sends them: `npm run bench:create-sql` measures them as they are. */
+export { FIND_KEY, INSERT_COMPLETED_KEY, TRY_LOCK_KEY } from './idempotency-keys.service.js';
