@@ -11,18 +11,18 @@
  *    start) minus its event's occurredAt (the publish time): p50 / p99 / max.
  * Prints one `RESULT {json}` line. Numbers from a shared machine mean little: see bench/README.md.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { connect } from 'amqplib';
 import pg from 'pg';
 import { freePort } from '../src/common/free-port.js';
 import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { startRabbitMq } from '../test/support/rabbitmq.js';
+import { startConsumer } from './start-consumer.js';
 
 const EVENTS = Number(process.env.BENCH_EVENTS ?? 5000);
 const RATE = Number(process.env.BENCH_RATE ?? 200);
@@ -38,24 +38,6 @@ const envPairs = (text: string): Record<string, string> =>
       .map((pair): [string, string] => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]),
   );
 
-/** The consumer as its own process; resolves once it listens (its banner), rejects if it exits first. */
-async function startConsumer(env: Record<string, string>): Promise<ChildProcess> {
-  const child = spawn(process.execPath, [fileURLToPath(new URL('../apps/fulfilment/src/main.js', import.meta.url))], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', ...env, ...envPairs(process.env.BENCH_CONSUMER_ENV ?? '') },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  let output = '';
-  await new Promise<void>((resolve, reject) => {
-    child.stdout.on('data', (chunk: Buffer) => {
-      output += chunk.toString();
-      if (output.includes('fulfilment listening on')) resolve();
-    });
-    child.once('exit', (code) => reject(new Error(`the consumer exited ${code}:\n${output}`)));
-  });
-  console.log(output.slice(output.indexOf('fulfilment listening on')).trim());
-  return child;
-}
-
 async function main(): Promise<void> {
   if (process.env.AMQP_URL && process.env.DATABASE_URL) return measure(process.env.DATABASE_URL, process.env.AMQP_URL);
   if (process.env.AMQP_URL || process.env.DATABASE_URL)
@@ -68,7 +50,13 @@ async function main(): Promise<void> {
   let consumer: ChildProcess | undefined;
   try {
     broker = await startRabbitMq();
-    consumer = await startConsumer({ DATABASE_URL: databaseUrl, AMQP_URL: broker.url });
+    const started = await startConsumer({
+      DATABASE_URL: databaseUrl,
+      AMQP_URL: broker.url,
+      ...envPairs(process.env.BENCH_CONSUMER_ENV ?? ''),
+    });
+    consumer = started.child;
+    console.log(started.banner);
     await measure(databaseUrl, broker.url);
   } finally {
     if (consumer && consumer.exitCode === null && consumer.signalCode === null) {

@@ -37,6 +37,7 @@ import { freePort } from '../src/common/free-port.js';
 import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 import { startRabbitMq } from '../test/support/rabbitmq.js';
+import { startConsumer } from './start-consumer.js';
 import { applyMigrations } from '#service-kit';
 
 const EVENTS = Number(process.env.BENCH_RELAY_EVENTS ?? 20_000);
@@ -69,23 +70,6 @@ async function startService(env: Record<string, string>): Promise<{ child: Child
     child.once('exit', (code) => reject(new Error(`service exited ${code}:\n${output}`)));
   });
   return { child, url };
-}
-
-/** The fulfilment consumer as `npm run start:fulfilment` runs it, with its defaults; resolves once it listens. */
-async function startConsumer(env: Record<string, string>): Promise<ChildProcess> {
-  const child = spawn(process.execPath, [fileURLToPath(new URL('../apps/fulfilment/src/main.js', import.meta.url))], {
-    env: { PATH: process.env.PATH ?? '', PORT: '0', ...env },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  let output = '';
-  await new Promise<void>((resolve, reject) => {
-    child.stdout.on('data', (chunk: Buffer) => {
-      output += chunk.toString();
-      if (output.includes('fulfilment listening on')) resolve();
-    });
-    child.once('exit', (code) => reject(new Error(`the consumer exited ${code}:\n${output}`)));
-  });
-  return child;
 }
 
 /** The same server's URL (TCP or its socket's `?host=` form) with another database. */
@@ -291,7 +275,7 @@ async function main(): Promise<void> {
     const unbind = await amqplib.connect(broker.url);
     await (await unbind.createChannel()).unbindQueue('bench.order-events', 'orders.events', 'order.*');
     await unbind.close();
-    consumer = await startConsumer({ DATABASE_URL: fulfilmentUrl, AMQP_URL: broker.url });
+    consumer = (await startConsumer({ DATABASE_URL: fulfilmentUrl, AMQP_URL: broker.url })).child;
     const shipmentsDb = new pg.Pool({ connectionString: fulfilmentUrl, max: 2 });
     try {
       await measureLag(started.url, db, shipmentsDb, unsent, broker);
