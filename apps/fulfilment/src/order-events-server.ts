@@ -22,6 +22,8 @@ export class OrderEventsServer extends ServerRMQ {
   private readonly log = new Logger('OrderEventsConsumer');
   private stopping = false;
   private resumeTimer: NodeJS.Timeout | undefined;
+  /** The channel set up last: a late close or cancel of an earlier one must not undo it. */
+  private current: Channel | undefined;
 
   constructor(
     private readonly rmq: Required<RmqOptions>['options'],
@@ -35,7 +37,8 @@ export class OrderEventsServer extends ServerRMQ {
     clearTimeout(this.resumeTimer);
     this.resumeTimer = undefined;
     this.brokerStatus.consuming = false;
-    channel.once('close', () => this.lose('its channel closed'));
+    this.current = channel;
+    channel.once('close', () => this.lose(channel, 'its channel closed'));
     try {
       const { queue } = await channel.assertQueue(this.queue, this.queueOptions as Record<string, unknown>);
       await channel.assertExchange(this.rmq.exchange!, this.rmq.exchangeType ?? 'topic', { durable: true });
@@ -45,7 +48,7 @@ export class OrderEventsServer extends ServerRMQ {
         queue,
         (message: ConsumeMessage | null) => {
           // null: the broker cancelled this consumer (the queue deleted, or moved away): consuming again needs a new one.
-          if (message === null) return this.lose('the broker cancelled it');
+          if (message === null) return this.lose(channel, 'the broker cancelled it');
           this.handleMessage(message, channel).catch((err: unknown) => this.handleError(String(err)));
         },
         { noAck: this.noAck },
@@ -54,7 +57,7 @@ export class OrderEventsServer extends ServerRMQ {
       // The channel is closed by now (every AMQP refusal closes it) or about to be: `lose` takes it from here. Never
       // thrown on: amqp-connection-manager re-emits a setup's error as an 'error' event nobody listens to.
       this.log.warn(`cannot consume ${this.queue}: ${(err as Error).message}`);
-      this.lose('setting it up failed');
+      this.lose(channel, 'setting it up failed');
       return;
     }
     this.brokerStatus.consuming = true;
@@ -70,7 +73,8 @@ export class OrderEventsServer extends ServerRMQ {
   }
 
   /** The consumer is gone while the process runs: open the connection again (once, after a pause), unless stopping. */
-  private lose(why: string): void {
+  private lose(channel: Channel, why: string): void {
+    if (channel !== this.current) return;
     const wasConsuming = this.brokerStatus.consuming;
     this.brokerStatus.consuming = false;
     if (this.stopping || this.resumeTimer) return;
