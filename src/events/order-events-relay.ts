@@ -2,8 +2,7 @@ import { writeSync } from 'node:fs';
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
 import { type AmqpConnectionManager, type ChannelWrapper, connect } from 'amqp-connection-manager';
 import type { ConfirmChannel } from 'amqplib';
-import pg from 'pg';
-import { DataSource } from 'typeorm';
+import { Database } from '#idempotency';
 import { RelayLoop } from '#outbox-relay';
 import { type AppConfig, printableUrl } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
@@ -25,13 +24,6 @@ export const PUBLISH_TIMEOUT_MS = 5_000;
 /** Retry of a row whose publish failed: 0.5 s · 2^(attempts-1), capped at 30 s, a quarter of jitter (SQL below). */
 const BACKOFF_BASE_MS = 500;
 const BACKOFF_CAP_MS = 30_000;
-/**
- * The relay's statements run on a connection of its own, never the requests' pool: in a burst of requests every
- * pooled connection is taken and pg-pool queues the rest in arrival order, and a claim or a mark waiting behind that
- * queue made the longest rounds (docs/patterns/transactional-outbox.md). Its transaction carries the service's bounds as SET LOCAL,
- * which a transaction pooler keeps (startup options it would refuse); BEGIN, the statement and COMMIT go in one write.
- */
-const RELAY_BEGIN = 'BEGIN; SET LOCAL lock_timeout = 10000; SET LOCAL statement_timeout = 30000';
 /** amqp-connection-manager's pause between connection attempts to a broker that is down. */
 const RECONNECT_SECONDS = 1;
 
@@ -61,8 +53,6 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
   private readonly logger = new Logger('OrderEventsRelay');
   private connection: AmqpConnectionManager | undefined;
   private channel: ChannelWrapper | undefined;
-  /** One connection (see RELAY_BEGIN), opened when the relay is on. */
-  private pool: pg.Pool | undefined;
   /** Rounds, wakes and the stop: the shape this relay shares with the sandbox's webhook relay (#outbox-relay). */
   private readonly loop = new RelayLoop({
     round: () => this.runRound(),
@@ -72,7 +62,7 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
   private brokerUp = false;
 
   constructor(
-    private readonly dataSource: DataSource,
+    private readonly db: Database,
     private readonly metrics: OrderEventsMetrics,
     @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
@@ -89,15 +79,6 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
       this.logger.log('order events relay off (AMQP_URL unset): events wait in order_events_outbox');
       return;
     }
-    this.pool = new pg.Pool({
-      // The server the service's own pool reaches, however DATABASE_URL was resolved (an embedded one included).
-      connectionString: (this.dataSource.options as { url: string }).url,
-      max: 1,
-      application_name: 'idempotent-orders-relay',
-      pipeline: true,
-    });
-    // An idle connection the server dropped (a restart): the pool discards it and opens another for the next round.
-    this.pool.on('error', (err) => this.logger.warn({ err: err.message }, 'order events relay lost its database connection'));
     this.connection = connect([amqpUrl], { reconnectTimeInSeconds: RECONNECT_SECONDS, heartbeatIntervalInSeconds: 5 });
     this.connection.on('connect', () => {
       this.brokerUp = true;
@@ -139,30 +120,9 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     }
   }
 
-  /** One statement in a transaction of its own on the relay's connection: its rows. */
-  private async query<T extends pg.QueryResultRow>(sql: string, params: unknown[]): Promise<T[]> {
-    const client = await this.pool!.connect();
-    let failure: Error | undefined;
-    try {
-      const [begun, result, committed] = await Promise.allSettled([
-        client.query(RELAY_BEGIN),
-        client.query<T>(sql, params),
-        client.query('COMMIT'),
-      ]);
-      for (const outcome of [begun, result, committed]) {
-        if (outcome.status === 'rejected')
-          throw (failure = outcome.reason instanceof Error ? outcome.reason : new Error(String(outcome.reason)));
-      }
-      return (result as PromiseFulfilledResult<pg.QueryResult<T>>).value.rows;
-    } finally {
-      // After any error the connection is dropped, not reused in an unknown state.
-      client.release(failure);
-    }
-  }
-
   /** Claims and leases up to BATCH_SIZE due rows in one statement (its own transaction), oldest due first. */
   private claimDue(): Promise<DueEvent[]> {
-    return this.query<DueEvent>(
+    return this.db.query<DueEvent>(
       `UPDATE order_events_outbox o
           SET available_at = now() + $2::int * interval '1 millisecond', attempts = o.attempts + 1
          FROM (SELECT event_id FROM order_events_outbox
@@ -208,13 +168,13 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     const now = Date.now();
     for (const event of confirmed) this.metrics.lag.observe((now - event.created_at.getTime()) / 1000);
     if (confirmed.length > 0) {
-      await this.query(
+      await this.db.query(
         `UPDATE order_events_outbox SET sent_at = now(), last_error = NULL WHERE event_id = ANY($1::uuid[]) AND sent_at IS NULL`,
         [confirmed.map((e) => e.event_id)],
       );
     }
     if (failed.length > 0) {
-      await this.query(
+      await this.db.query(
         `UPDATE order_events_outbox o
             SET available_at = now() + least($3::int, $2::int * power(2, least(o.attempts - 1, 16)))
                                        * (1 - 0.25 * random()) * interval '1 millisecond',
@@ -232,7 +192,7 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
 
   /**
    * Stops the rounds, waits for the running one (its confirmed rows get marked), then closes the channel and the
-   * connection, and its database connection last, so the round's marks can still be written.
+   * connection. Before the database pool closes (onApplicationShutdown), so the round's marks can still be written.
    */
   async onModuleDestroy(): Promise<void> {
     // Synchronously no new round from here on; the running one is awaited below.
@@ -240,6 +200,5 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
     await rounds;
     await this.channel?.close().catch(() => undefined);
     await this.connection?.close().catch(() => undefined);
-    await this.pool?.end().catch(() => undefined);
   }
 }
