@@ -1,122 +1,112 @@
 /**
- * Database: statements sent together (BEGIN with the first statement; deferred statements with the
- * next one or the COMMIT) must mean exactly what sending them one by one means. On a real PostgreSQL.
+ * Database: one transaction per `transaction(fn)`, every statement sent where it is written, a lifecycle that ends at
+ * COMMIT or ROLLBACK. On a real PostgreSQL.
  */
 import { DataSource } from 'typeorm';
-import { Database } from '#idempotency';
+import { Database, TransactionRolledBackError } from '#idempotency';
 import { isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency/internal';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
-import { jest } from '@jest/globals';
-import { Client, Pool } from 'pg';
+import { Pool } from 'pg';
 
-describe('Database: pipelined transactions', () => {
+describe('Database: transactions', () => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
   let dataSource: DataSource;
   let db: Database;
   let check: Pool;
   beforeAll(async () => {
     database = await createTestDatabase();
-    dataSource = new DataSource(typeormOptions(database.url, { poolSize: 2 }));
+    dataSource = new DataSource(typeormOptions(database.url, { poolSize: 1 }));
     await dataSource.initialize();
-    db = new Database(dataSource, resolveIdempotencyOptions({ callerScope: () => 'test', waitMs: 2000 }));
+    db = new Database(dataSource, resolveIdempotencyOptions({ callerScope: () => 'test', waitMs: 2000 })).attach();
     check = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
-    await check.query(`CREATE TABLE pipeline_probe (id int PRIMARY KEY, note text)`);
+    await check.query(`CREATE TABLE tx_probe (id int PRIMARY KEY, note text)`);
   });
   afterAll(async () => {
+    db?.onModuleDestroy();
     await check?.end();
     await dataSource?.destroy();
     await database?.drop();
   });
   beforeEach(async () => {
-    await check.query(`TRUNCATE pipeline_probe`);
+    await check.query(`TRUNCATE tx_probe`);
   });
-  const notes = async () => (await check.query<{ note: string }>(`SELECT note FROM pipeline_probe ORDER BY id`)).rows.map((r) => r.note);
-  it('commits the statements and the deferred ones, in order, with the COMMIT', async () => {
+  const notes = async () => (await check.query<{ note: string }>(`SELECT note FROM tx_probe ORDER BY id`)).rows.map((r) => r.note);
+  const insert = (id: number, note: string) => db.query(`INSERT INTO tx_probe VALUES ($1, $2)`, [id, note]);
+
+  it('commits what fn wrote, in order; rolls all of it back when fn throws', async () => {
     const rows = await db.transaction(async () => {
-      db.defer(`INSERT INTO pipeline_probe VALUES (1, 'deferred first')`);
-      const inserted = await db.query<{ id: number }>(`INSERT INTO pipeline_probe VALUES ($1, $2) RETURNING id`, [2, 'then this']);
-      db.defer(`UPDATE pipeline_probe SET note = note || ', updated at commit' WHERE id = $1`, [2]);
-      return inserted;
+      await insert(1, 'first');
+      return db.query<{ id: number }>(`INSERT INTO tx_probe VALUES ($1, $2) RETURNING id`, [2, 'second']);
     });
     expect(rows).toEqual([{ id: 2 }]);
-    expect(await notes()).toEqual(['deferred first', 'then this, updated at commit']);
+    await expect(
+      db.transaction(async () => {
+        await insert(3, 'rolled back');
+        throw new Error('fn failed');
+      }),
+    ).rejects.toThrow('fn failed');
+    expect(await notes()).toEqual(['first', 'second']);
   });
 
-  it("a deferred statement's error is thrown at COMMIT, and nothing of the transaction is kept", async () => {
-    const failing = db.transaction(async () => {
-      await db.query(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [1, 'kept?']);
-      db.defer(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [1, 'duplicate id']);
+  it('a COMMIT PostgreSQL answers with ROLLBACK (an error caught and ignored in fn) is a TransactionRolledBackError, not a commit', async () => {
+    const swallowed = db.transaction(async () => {
+      await insert(1, 'lost with the rollback');
+      await insert(1, 'duplicate id').catch(() => undefined); // 23505, ignored: the transaction is aborted
+      return 'fn thinks it is done';
     });
-    await expect(failing).rejects.toMatchObject({ code: '23505' });
+    await expect(swallowed).rejects.toBeInstanceOf(TransactionRolledBackError);
     expect(await notes()).toEqual([]);
-    // The connection went back to the pool clean: the next transaction works.
-    await db.transaction(() => db.query(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [3, 'after']));
+    // The one connection of the pool went back clean.
+    await insert(2, 'after');
     expect(await notes()).toEqual(['after']);
   });
 
-  it("a batch throws its first statement's error, not the aborted-transaction error of the ones behind it", async () => {
-    const failing = db.transaction(async () => {
-      db.defer(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [1, 'a']);
-      db.defer(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [1, 'b']); // 23505
-      await db.query(`SELECT 1`); // sent behind it: fails with 25P02
-    });
-    await expect(failing).rejects.toMatchObject({ code: '23505' });
-    expect(await notes()).toEqual([]);
-  });
-
-  it('rolling back to a savepoint never sent drops what was deferred after it, and nothing before it', async () => {
+  it('use after the end, from work fn left running, throws and sends nothing: the pooled connection is not touched', async () => {
+    let leftover: Promise<unknown> | undefined;
     await db.transaction(async () => {
-      await db.query(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [1, 'before the savepoint']);
-      db.savepoint('probe');
-      db.defer(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [2, 'undone']);
-      db.rollbackToSavepoint('probe');
-      db.defer(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [3, 'after the rollback']);
+      await insert(1, 'committed');
+      leftover = new Promise((resolve) => setTimeout(resolve, 20)).then(() => insert(2, 'after the end'));
     });
-    expect(await notes()).toEqual(['before the savepoint', 'after the rollback']);
-  });
-
-  it('rolling back to a savepoint that was sent undoes the statements after it', async () => {
+    await expect(leftover).rejects.toMatchObject({ name: 'TransactionEndedError' });
+    let leftoverTransaction: Promise<unknown> | undefined;
+    let leftoverManager: Promise<unknown> | undefined;
     await db.transaction(async () => {
-      await db.query(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [1, 'kept']);
-      db.savepoint('probe');
-      await db.query(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [2, 'undone']);
-      db.rollbackToSavepoint('probe');
-      db.defer(`INSERT INTO pipeline_probe VALUES ($1, $2)`, [3, 'recorded after the rollback']);
+      await insert(3, 'committed too');
+      const later = new Promise((resolve) => setTimeout(resolve, 20));
+      leftoverTransaction = later.then(() => db.transaction(() => insert(4, 'a transaction after the end')));
+      leftoverManager = later.then(() => dataSource.query(`INSERT INTO tx_probe VALUES (5, 'through TypeORM after the end')`));
     });
-    expect(await notes()).toEqual(['kept', 'recorded after the rollback']);
+    await expect(leftoverTransaction).rejects.toMatchObject({ name: 'TransactionEndedError' });
+    await expect(leftoverManager).rejects.toMatchObject({ name: 'TransactionEndedError' });
+    // Pool of one: had anything been sent, this autocommit write would have joined an orphaned transaction.
+    await insert(6, 'next');
+    const [{ state }] = (
+      await check.query<{ state: string }>(`SELECT state FROM pg_stat_activity WHERE application_name = 'idempotent-orders'`)
+    ).rows;
+    expect(state).toBe('idle');
+    expect(await notes()).toEqual(['committed', 'committed too', 'next']);
   });
 
-  it('a transaction that makes no statement sends nothing at all; one that fails after a statement rolls back', async () => {
-    const sent = jest.spyOn(Client.prototype, 'query');
-    try {
-      expect(await db.transaction(() => Promise.resolve('nothing to do'))).toBe('nothing to do');
-      await expect(
-        db.transaction(() => {
-          db.defer(`INSERT INTO pipeline_probe VALUES (1, 'never sent')`);
-          return Promise.reject(new Error('the handler failed'));
-        }),
-      ).rejects.toThrow('the handler failed');
-      expect(sent).not.toHaveBeenCalled(); // no BEGIN, no ROLLBACK, no deferred statement
-      // The spy does watch the connections Database uses: one statement is seen (with its BEGIN and COMMIT).
-      await db.transaction(() => db.query('SELECT 1'));
-      expect(sent).toHaveBeenCalled();
-    } finally {
-      sent.mockRestore();
-    }
-    await expect(
-      db.transaction(async () => {
-        await db.query(`INSERT INTO pipeline_probe VALUES (1, 'rolled back')`);
-        throw new Error('after a statement');
-      }),
-    ).rejects.toThrow('after a statement');
-    expect(await notes()).toEqual([]);
+  it('work that outlives fn runs outside it when started with outsideTransaction()', async () => {
+    let background: Promise<unknown> | undefined;
+    await db.transaction(async () => {
+      background = db.outsideTransaction(() => new Promise((resolve) => setTimeout(resolve, 20)).then(() => insert(2, 'its own')));
+      await insert(1, 'the transaction');
+    });
+    await background;
+    expect(await notes()).toEqual(['the transaction', 'its own']);
   });
 
-  it('defer and savepoints outside a transaction are a programming error, said at once', () => {
-    expect(() => db.defer('SELECT 1')).toThrow('Database.defer needs a transaction');
-    expect(() => db.savepoint('x')).toThrow('needs a transaction');
-    expect(() => db.rollbackToSavepoint('x')).toThrow('Database.rollbackToSavepoint needs a transaction');
+  it('savepoints: rolling back to one undoes the statements after it, and nothing before it', async () => {
+    await db.transaction(async () => {
+      await insert(1, 'kept');
+      await db.savepoint('probe');
+      await insert(2, 'undone');
+      await db.rollbackToSavepoint('probe');
+      await insert(3, 'after the rollback');
+    });
+    expect(await notes()).toEqual(['kept', 'after the rollback']);
   });
 
   it('every transaction, and a statement on its own, runs under the settings; the session carries none', async () => {
@@ -130,9 +120,9 @@ describe('Database: pipelined transactions', () => {
     // The claim narrows lock_timeout for a while, then gives the transaction its own back.
     expect(
       await db.transaction(async () => {
-        db.setLockTimeout(250);
+        await db.setLockTimeout(250);
         const [narrowed] = await db.query<{ lock: string }>(`SELECT current_setting('lock_timeout') AS lock`);
-        db.setLockTimeout();
+        await db.setLockTimeout();
         const [restored] = await db.query<{ lock: string }>(`SELECT current_setting('lock_timeout') AS lock`);
         return [narrowed.lock, restored.lock];
       }),
@@ -168,7 +158,7 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
   const readAll = `SELECT * FROM schema_probe WHERE id = $1`;
   const prepared = async () => (await dataSource.query<{ n: number }[]>(`SELECT count(*)::int AS n FROM pg_prepared_statements`))[0].n;
 
-  it("a transaction's first batch is sent again after the connection's statements are discarded: the caller never sees the error", async () => {
+  it("a transaction's first statement is sent again on a fresh connection: the caller never sees the error", async () => {
     const db = await open();
     expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
     expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one' }]);
@@ -178,7 +168,7 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
     expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, added: null }]);
   });
 
-  it('after a later batch the transaction fails with the 0A000 (answered 503), nothing of it is kept, and the connection works again', async () => {
+  it('after a later statement the transaction fails with the 0A000 (answered 503), nothing of it is kept, and the connection works again', async () => {
     const db = await open();
     expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
     await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
@@ -192,7 +182,7 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
     expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one', added: null }]);
   });
 
-  it('a first batch with another already sent behind it: the transaction fails whole, nothing of it is kept, and the connection recovers', async () => {
+  it('a first statement with another already sent behind it: the transaction fails whole, nothing of it is kept, and the connection recovers', async () => {
     const db = await open();
     expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
     await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
@@ -206,20 +196,11 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
   });
 
   it('with DATABASE_PREPARED_STATEMENTS=false nothing is prepared on the server, and a schema change costs no error at all', async () => {
-    const failures = jest.spyOn(
-      Database.prototype as unknown as { rollBackAndDiscardStatements(): Promise<void> },
-      'rollBackAndDiscardStatements',
-    );
-    try {
-      const db = await open({ DATABASE_PREPARED_STATEMENTS: 'false' });
-      expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
-      await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
-      expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one', added: null }]);
-      expect(await prepared()).toBe(0);
-      expect(failures).not.toHaveBeenCalled();
-    } finally {
-      failures.mockRestore();
-    }
+    const db = await open({ DATABASE_PREPARED_STATEMENTS: 'false' });
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+    expect(await db.transaction(() => db.query(readAll, [1]))).toEqual([{ id: 1, note: 'one', added: null }]);
+    expect(await prepared()).toBe(0);
   });
 
   it('with named statements on (the default) they are prepared once per connection', async () => {

@@ -10,7 +10,7 @@ import { InjectRepository, TypeOrmModule } from '@nestjs/typeorm';
 import { randomUUID } from 'node:crypto';
 import { Pool } from 'pg';
 import { DataSource, type Repository } from 'typeorm';
-import { EscapingWriteError, Idempotent } from '#idempotency';
+import { Idempotent } from '#idempotency';
 import { AppModule } from '../apps/minimal-express/src/app.module';
 import { CreateTransferDto } from '../apps/minimal-express/src/create-transfer.dto';
 import { Transfer } from '../apps/minimal-express/src/transfer.entity';
@@ -51,32 +51,6 @@ class TypeOrmWaysController {
   }
 }
 
-/** What cannot join: a raw pg pool, or a second DataSource, of the app's own, on connections the layer does not hold. */
-@Controller('raw-pool-transfers')
-class RawPoolTransfersController {
-  static pool: Pool;
-  static secondDataSource: DataSource;
-
-  @Post('second-data-source')
-  @Idempotent()
-  async viaSecondDataSource(@Headers('x-client-id') clientId: string, @Body() dto: CreateTransferDto): Promise<{ ok: true }> {
-    const transfers = RawPoolTransfersController.secondDataSource.getRepository(Transfer);
-    await transfers.save(transfers.create({ clientId, ...dto }));
-    return { ok: true };
-  }
-
-  @Post()
-  @Idempotent()
-  async create(@Headers('x-client-id') clientId: string, @Body() dto: CreateTransferDto): Promise<{ ok: true }> {
-    await RawPoolTransfersController.pool.query(`INSERT INTO transfers (client_id, to_account, amount_minor) VALUES ($1, $2, $3)`, [
-      clientId,
-      dto.toAccount,
-      dto.amountMinor,
-    ]);
-    return { ok: true };
-  }
-}
-
 describe('apps/minimal-express: the layer in an Express app with TypeORM repositories', () => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
   let app: INestApplication;
@@ -94,7 +68,7 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
       {
         module: ProofModule,
         imports: [AppModule.forRoot({ databaseUrl: database.url }), TypeOrmModule.forFeature([Transfer])],
-        controllers: [TypeOrmWaysController, RawPoolTransfersController],
+        controllers: [TypeOrmWaysController],
       },
       { logger: ['error'] },
     );
@@ -102,17 +76,9 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
     await app.listen(0, '127.0.0.1');
     base = await app.getUrl();
     check = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 2 }));
-    RawPoolTransfersController.pool = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 1 }));
-    RawPoolTransfersController.secondDataSource = await new DataSource({
-      type: 'postgres',
-      url: database.url,
-      entities: [Transfer],
-    }).initialize();
   });
   afterAll(async () => {
     process.env.NODE_ENV = nodeEnv;
-    await RawPoolTransfersController.pool?.end();
-    await RawPoolTransfersController.secondDataSource?.destroy();
     await check?.end();
     await app?.close();
     await database?.drop();
@@ -229,30 +195,6 @@ describe('apps/minimal-express: the layer in an Express app with TypeORM reposit
     expect(retried.status).toBe(201);
     expect(await transfersTo(account)).toBe(1);
     expect(await keyRow(key)).toEqual([{ state: 'completed', response_status: 201 }]);
-  });
-
-  it.each([
-    ['a raw pg pool', '/raw-pool-transfers'],
-    ['a second DataSource', '/raw-pool-transfers/second-data-source'],
-  ])('a write on a connection that cannot join (%s) is refused in production too: nothing committed, the key free', async (_what, path) => {
-    const key = randomUUID();
-    const account = `acc-${randomUUID()}`;
-    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
-    try {
-      const res = await post(path, key, { toAccount: account, amountMinor: 300 });
-      expect(res.status).toBe(500);
-      // Through TypeORM it arrives wrapped in a QueryFailedError that keeps its message.
-      expect(errors.mock.calls.some(([message]) => String(message).includes(new EscapingWriteError('').message.slice(0, 80)))).toBe(true);
-    } finally {
-      errors.mockRestore();
-    }
-    expect(await transfersTo(account)).toBe(0);
-    expect(await keyRow(key)).toEqual([]);
-    // Outside a handler the same pool writes as usual: only a write inside the open transaction's context is refused.
-    await RawPoolTransfersController.pool.query(`INSERT INTO transfers (client_id, to_account, amount_minor) VALUES ('acme', $1, 1)`, [
-      account,
-    ]);
-    expect(await transfersTo(account)).toBe(1);
   });
 
   it("keys are the caller's: another client with the same key gets its own transfer; no caller, no claim", async () => {

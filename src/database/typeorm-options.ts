@@ -65,8 +65,6 @@ export function typeormOptions(url: string, tuning: DatabaseTuning, pspSandbox: 
         ? {}
         : { options: `-c lock_timeout=${tuning.lockTimeoutMs} -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000` }),
       application_name: 'idempotent-orders',
-      // Statements sent together are not each held back for the previous one's answer (Database.send).
-      pipeline: true,
     },
   };
 }

@@ -85,8 +85,8 @@ export class PaymentSettlement {
     const lock = await this.lockKey(payment.idempotency_key_id, leaseToken, outcome);
     if (lock.kind !== 'locked') return lock.kind === 'lost' ? lock : { kind: 'answered', response: lock.response, changed: false };
     const key = lock.key;
-    // The next lock in the lock order; it rides with the UPDATE, which is sent after it and so locks the payment after it.
-    this.db.defer(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [payment.order_id]);
+    // The next lock in the lock order, before the UPDATE locks the payment.
+    await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [payment.order_id]);
     const [settled] = await this.db.query<PaymentRow>(
       `UPDATE payments
           SET status = $2, provider_transaction_id = coalesce($3, provider_transaction_id), failure_code = $4, updated_at = now()
@@ -95,7 +95,7 @@ export class PaymentSettlement {
       [paymentId, outcome.status, outcome.providerId ?? null, outcome.status === 'failed' ? outcome.failureCode : null],
     );
     if (settled?.status === 'succeeded') await this.orders.transitionOrder(settled.client_id, settled.order_id, 'paid');
-    if (settled?.failure_code === NEVER_REACHED_CODE) this.attempts.failedUnreached('payments', settled.id);
+    if (settled?.failure_code === NEVER_REACHED_CODE) await this.attempts.failedUnreached('payments', settled.id);
     const current = settled ?? (await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1`, [paymentId]))[0];
     // The provider confirms a charge, but the payment was settled otherwise first (failed as never reached, or paid
     // with another charge): that money is not ours to keep, and dropping the confirmation would keep it.
@@ -103,7 +103,7 @@ export class PaymentSettlement {
       !settled && outcome.status === 'succeeded' && isLateCharge(current, outcome.providerId)
         ? await this.recordLateCharge(current, outcome.providerId, foundBy)
         : undefined;
-    const answered = this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
+    const answered = await this.answer(key, payment.idempotency_key_id, paymentAnswer(current), settled !== undefined);
     return answered.kind === 'answered' && lateRefundId ? { ...answered, lateRefundId } : answered;
   }
 
@@ -111,8 +111,8 @@ export class PaymentSettlement {
    * In the caller's transaction: the refund of a charge that landed on `payment` after it was settled without it.
    * The sweep stops asking about the payment in the same commit.
    */
-  recordLateCharge(payment: Pick<PaymentRow, 'id' | 'amount_minor'>, chargeId: string, foundBy: FoundBy): Promise<string | undefined> {
-    this.attempts.found(payment.id);
+  async recordLateCharge(payment: Pick<PaymentRow, 'id' | 'amount_minor'>, chargeId: string, foundBy: FoundBy): Promise<string | undefined> {
+    await this.attempts.found(payment.id);
     return this.lateCharges.requestRefund(payment.id, chargeId, Number(payment.amount_minor), foundBy);
   }
 
@@ -126,8 +126,8 @@ export class PaymentSettlement {
     const lock = await this.lockKey(refund.idempotency_key_id, leaseToken, outcome);
     if (lock.kind !== 'locked') return lock.kind === 'lost' ? lock : { kind: 'answered', response: lock.response, changed: false };
     const key = lock.key;
-    // Order, then payment, in one write: the lock order holds, as the statements run in the order sent.
-    this.db.defer(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
+    // Order, then payment: the lock order.
+    await this.db.query(`SELECT 1 FROM orders WHERE id = $1 FOR UPDATE`, [refund.order_id]);
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [
       refund.payment_id,
     ]);
@@ -146,7 +146,7 @@ export class PaymentSettlement {
       ]);
     }
     if (settled?.status === 'succeeded') await this.refundedInFull(payment);
-    if (settled?.failure_code === NEVER_REACHED_CODE) this.attempts.failedUnreached('refunds', settled.id);
+    if (settled?.failure_code === NEVER_REACHED_CODE) await this.attempts.failedUnreached('refunds', settled.id);
     const current = settled ?? (await this.db.query<RefundRow>(`SELECT ${REFUND_COLUMNS} FROM refunds WHERE id = $1`, [refundId]))[0];
     // The provider confirms a refund we had already failed (never reached): the money went back, so the books must say so.
     if (!settled && outcome.status === 'succeeded' && current.status === 'failed')
@@ -205,7 +205,7 @@ export class PaymentSettlement {
       `UPDATE refunds SET status = 'succeeded', provider_refund_id = $2, failure_code = NULL, updated_at = now() WHERE id = $1`,
       [refundId, providerRefundId],
     );
-    this.attempts.found(refundId);
+    await this.attempts.found(refundId);
     await this.db.query(`UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1`, [payment.id, amount]);
     await this.refundedInFull(payment);
     this.metrics.lateLandings.inc({ kind: 'refund', found_by: foundBy });
@@ -244,9 +244,9 @@ export class PaymentSettlement {
   }
 
   /** Completes the key with `answer` when it is still open; when someone completed it first, their stored answer wins. */
-  private answer(key: KeyLock | undefined, keyId: string | null, answer: StoredResponse, changed: boolean): Settled {
+  private async answer(key: KeyLock | undefined, keyId: string | null, answer: StoredResponse, changed: boolean): Promise<Settled> {
     if (key?.owned && keyId) {
-      this.phases.complete(keyId, answer);
+      await this.phases.complete(keyId, answer);
       return { kind: 'answered', response: answer, changed };
     }
     return { kind: 'answered', response: key && !key.owned && key.response ? key.response : answer, changed };

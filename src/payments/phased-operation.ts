@@ -78,12 +78,12 @@ export class PhasedOperation {
       const created = await subject.create(acquired.key.id);
       if ('refusal' in created) {
         const response = problemResponse(created.refusal);
-        this.phases.complete(acquired.key.id, response);
+        await this.phases.complete(acquired.key.id, response);
         return { answer: { response, replayed: false } };
       }
       // This holder calls the provider only before its lease ends: the bound every later decision waits out.
-      this.attempts.firstAttempt(subject.table, created.row.id, acquired.key.id);
-      this.phases.setRecoveryPoint(acquired.key, subject.created);
+      await this.attempts.firstAttempt(subject.table, created.row.id, acquired.key.id);
+      await this.phases.setRecoveryPoint(acquired.key, subject.created);
       return { key: acquired.key, resumed: false, row: created.row };
     });
   }

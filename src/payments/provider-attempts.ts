@@ -46,10 +46,10 @@ export class ProviderAttempts {
 
   /**
    * Phase 1 of a new payment or refund, in its transaction: the holder that inserted `id` under key `keyId` calls
-   * out only before its lease ends. Sent with the next statement or the COMMIT (nothing reads it).
+   * out only before its lease ends.
    */
-  firstAttempt(table: AttemptTable, id: string, keyId: string): void {
-    this.db.defer(
+  async firstAttempt(table: AttemptTable, id: string, keyId: string): Promise<void> {
+    await this.db.query(
       `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by) SELECT $1, $3, locked_until FROM idempotency_keys WHERE id = $2`,
       [id, keyId, SUBJECT[table]],
     );
@@ -121,10 +121,10 @@ export class ProviderAttempts {
 
   /**
    * In the settling transaction of a row failed as never reached: the sweep asks the provider about it again
-   * from FIRST_RECHECK_SECONDS on. Sent with the COMMIT.
+   * from FIRST_RECHECK_SECONDS on.
    */
-  failedUnreached(table: AttemptTable, id: string): void {
-    this.db.defer(
+  async failedUnreached(table: AttemptTable, id: string): Promise<void> {
+    await this.db.query(
       `INSERT INTO provider_attempts (subject_id, subject, last_attempt_by, unreached_at, recheck_at)
        VALUES ($1, $2, now(), now(), now() + make_interval(secs => $3))
        ON CONFLICT (subject_id) DO UPDATE SET unreached_at = now(), recheck_at = excluded.recheck_at`,
@@ -133,8 +133,8 @@ export class ProviderAttempts {
   }
 
   /** In a repairing transaction: the money was found, so the sweep stops asking. */
-  found(id: string): void {
-    this.db.defer(`UPDATE provider_attempts SET recheck_at = NULL WHERE subject_id = $1 AND recheck_at IS NOT NULL`, [id]);
+  async found(id: string): Promise<void> {
+    await this.db.query(`UPDATE provider_attempts SET recheck_at = NULL WHERE subject_id = $1 AND recheck_at IS NOT NULL`, [id]);
   }
 
   /**

@@ -161,8 +161,8 @@ export class WebhooksService {
     );
     if (!claimed) return undefined;
     const effect = await this.effectOf(event);
-    // With the COMMIT: the event and its outcome are recorded together, or not at all.
-    this.db.defer(`UPDATE processed_webhook_events SET outcome = $2, detail = $3, payment_id = $4, refund_id = $5 WHERE webhook_id = $1`, [
+    // In the same transaction: the event and its outcome are recorded together, or not at all.
+    await this.db.query(`UPDATE processed_webhook_events SET outcome = $2, detail = $3, payment_id = $4, refund_id = $5 WHERE webhook_id = $1`, [
       webhookId,
       effect.outcome,
       effect.detail,

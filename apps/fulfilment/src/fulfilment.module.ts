@@ -37,7 +37,7 @@ export class FulfilmentModule {
           synchronize: false,
           migrationsRun: false,
           // The layer sends a transaction's statements together (BEGIN with the claim, the effect, COMMIT).
-          extra: { pipeline: true, max: config.databasePoolSize, connectionTimeoutMillis: 5_000 },
+          extra: { max: config.databasePoolSize, connectionTimeoutMillis: 5_000 },
         }),
         IdempotencyModule.forRoot({
           // HTTP Idempotency-Keys are not used here (no table for them, no reaper): only message marks.

@@ -25,8 +25,6 @@ export class AppModule {
           migrations: [IdempotencyKeys1750000000000, Transfers1750000100000],
           migrationsRun: true,
           synchronize: false,
-          // The layer sends a transaction's statements together (BEGIN with the claim, the answer with COMMIT).
-          extra: { pipeline: true },
         }),
         TypeOrmModule.forFeature([Transfer]),
         IdempotencyModule.forRoot({

@@ -243,12 +243,11 @@ export class AtomicPhases {
   }
 
   /**
-   * Ends a phase at a recovery point, in the phase's transaction: sent with its COMMIT (nothing reads the
-   * result). Still fenced by the lease token, though the phase that calls it acquired the key in this very
-   * transaction and holds its row lock.
+   * Ends a phase at a recovery point, in the phase's transaction. Still fenced by the lease token, though the phase that
+   * calls it acquired the key in this very transaction and holds its row lock.
    */
-  setRecoveryPoint(key: LeasedKey, recoveryPoint: string): void {
-    this.db.defer(`UPDATE idempotency_keys SET recovery_point = $3 WHERE id = $1 AND lease_token = $2 AND state = 'in_progress'`, [
+  async setRecoveryPoint(key: LeasedKey, recoveryPoint: string): Promise<void> {
+    await this.db.query(`UPDATE idempotency_keys SET recovery_point = $3 WHERE id = $1 AND lease_token = $2 AND state = 'in_progress'`, [
       key.id,
       key.leaseToken,
       recoveryPoint,
@@ -270,12 +269,11 @@ export class AtomicPhases {
   }
 
   /**
-   * Completes the key with the answer the request gets (and every retry after it), in the
-   * transaction that settled the outcome (sent with its next statement or its COMMIT; nobody reads
-   * its result). From then on the key expires after IDEMPOTENCY_TTL_SECONDS.
+   * Completes the key with the answer the request gets (and every retry after it), in the transaction that settled the
+   * outcome. From then on the key expires after IDEMPOTENCY_TTL_SECONDS.
    */
-  complete(keyId: string, response: StoredResponse): void {
-    this.db.defer(
+  async complete(keyId: string, response: StoredResponse): Promise<void> {
+    await this.db.query(
       `UPDATE idempotency_keys
           SET state = 'completed', recovery_point = 'finished', response_status = $2, response_headers = $3,
               response_body = $4, completed_at = now(), expires_at = now() + make_interval(secs => $5),

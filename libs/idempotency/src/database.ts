@@ -1,27 +1,28 @@
 import { Inject, Injectable, Logger, type OnModuleDestroy } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
-import type { Pool, PoolClient, QueryConfig } from 'pg';
-import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type QueryRunner, type Repository } from 'typeorm';
+import type { Pool, PoolClient, QueryConfig, QueryResult } from 'pg';
+import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type Repository } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 import { isCachedPlanInvalidated, isDatabaseUnavailable } from './pg-errors.js';
-import { joinedQueryRunner, joinOpenTransactions, refuseEscapingWrites } from './typeorm-transaction.js';
+import {
+  attachTransactionJoin,
+  ConcurrentNestedTransactionError,
+  detachTransactionJoin,
+  type JoinableTransaction,
+  joinedQueryRunner,
+  TransactionEndedError,
+} from './typeorm-transaction.js';
 
 /**
- * How many distinct statement texts get a name (a server-side prepared statement on each
- * connection that runs them). Our SQL is a few dozen constant texts; the cap only bounds the map
- * (and each connection's statement cache) should some caller build texts from values.
+ * How many distinct statement texts get a name (a server-side prepared statement on each connection that runs them).
+ * Our SQL is a few dozen constant texts; the cap only bounds the map should some caller build texts from values.
  */
 const MAX_NAMED_STATEMENTS = 500;
 
 /**
- * Statement text → its name, for the whole process: a name never stands for two texts, whichever
- * pool or connection runs it. A named statement is parsed and planned once per connection, then
- * only bound and executed: the hot path's statements are the same few texts every request, and
- * parsing them again each time costs PostgreSQL CPU.
- * PostgreSQL re-plans a prepared statement when the schema under it changes, but it refuses one whose
- * result columns changed (0A000): every statement names its columns, and `Database` recovers a 0A000
- * (see `send`) for a schema change a statement still depends on.
+ * Statement text → its name, for the whole process: a name never stands for two texts, whichever connection runs it.
+ * A named statement is parsed and planned once per connection, then only bound and executed (pg's public `name`).
  */
 const statementNames = new Map<string, string>();
 
@@ -42,13 +43,10 @@ function unnamedStatement(text: string, values: unknown[]): string | QueryConfig
   return values.length === 0 ? text : { text, values };
 }
 
-/** Drops every prepared statement of the connection: after a 0A000, each is parsed afresh on its next use. */
-const DISCARD_STATEMENTS = 'DEALLOCATE ALL';
-
 /**
- * What every transaction of the service runs under. They ride with each transaction (SET LOCAL, in
- * the same message as BEGIN) rather than with the session: through a transaction pooler a session
- * is shared by whoever runs next, and PgBouncer refuses them as startup `options`.
+ * What every transaction of the service runs under. They ride with each transaction (SET LOCAL, in the same message
+ * as BEGIN) rather than with the session: through a transaction pooler a session is shared by whoever runs next, and
+ * PgBouncer refuses them as startup `options`.
  */
 export interface TransactionSettings {
   /** Bounds every lock wait; a request that would wait longer fails fast with 55P03 and is told to retry. */
@@ -71,10 +69,10 @@ export function transactionSettings(options: Pick<ResolvedIdempotencyOptions, 'w
   };
 }
 
-/** BEGIN and the settings, one simple-protocol message (several commands, no parameters): no round trip of their own. */
+/** BEGIN and the settings: one simple-protocol message (several commands, no parameters), one round trip. */
 function beginStatement(settings: TransactionSettings): string {
   return [
-    'BEGIN',
+    'BEGIN ISOLATION LEVEL READ COMMITTED',
     `SET LOCAL lock_timeout = ${Math.trunc(settings.lockTimeoutMs)}`,
     `SET LOCAL statement_timeout = ${Math.trunc(settings.statementTimeoutMs)}`,
     `SET LOCAL idle_in_transaction_session_timeout = ${Math.trunc(settings.idleInTransactionTimeoutMs)}`,
@@ -89,65 +87,69 @@ export class PoolExhaustedError extends Error {
   }
 }
 
-/** A statement whose rows nobody reads: it rides along with the next one that is sent. */
-interface Deferred {
-  sql: string;
-  params: unknown[];
-}
-
 /**
- * Where a transaction stands on its connection. 'not begun': BEGIN is not sent yet — a transaction that makes no query
- * costs no round trip at all — or the last one ended (COMMIT, or ROLLBACK after a 0A000). 'begun': BEGIN went out
- * (in the first batch, `takeDeferred`) and neither COMMIT nor ROLLBACK has since.
+ * PostgreSQL answered the COMMIT with ROLLBACK: a statement of the transaction had failed (its error caught and
+ * ignored by the code that ran it), so nothing of it was kept. Never a stored answer, never an acknowledged message.
  */
-type TransactionState = 'not begun' | 'begun';
-
-/** The transaction `transaction(fn)` opened, as every query made while `fn` runs finds it. */
-interface OpenTransaction {
-  client: PoolClient;
-  state: TransactionState;
-  /** Batches sent so far: only the first, alone on the wire, can simply be sent again (see `send`). */
-  sent: number;
-  /** Sent, in order, in the same write as the next statement (or the COMMIT). */
-  deferred: Deferred[];
-  /** TypeORM's view of this transaction, made on its first use (see typeorm-transaction.ts). */
-  runner?: QueryRunner;
-  /** Ends TypeORM's view when the transaction ends: a manager kept past it fails loudly instead of writing outside it. */
-  closeRunner?: () => void;
+export class TransactionRolledBackError extends Error {
+  constructor(reason: string, options?: ErrorOptions) {
+    super(`The transaction was rolled back, not committed: ${reason}`, options);
+    this.name = 'TransactionRolledBackError';
+  }
 }
 
-const COMMIT: Deferred = { sql: 'COMMIT', params: [] };
+/** One transaction of `Database.transaction(fn)`: its connection and where it stands. */
+class OpenTransaction implements JoinableTransaction {
+  /** 'open' until COMMIT or ROLLBACK is about to be sent; then nothing more may be sent from its context. */
+  private state: 'open' | 'ended' = 'open';
+  readonly nested: JoinableTransaction['nested'] = [];
+  /** Statements sent after BEGIN: a 0A000 on the first one can be retried on a fresh connection (see `Database.send`). */
+  statementsSent = 0;
+  /** TypeORM runners made on this connection: while there are none, the connection can still be swapped. */
+  runnersMade = 0;
+  rollbackOnly?: Error;
+  private savepoints = 0;
+
+  constructor(public client: PoolClient) {}
+
+  assertOpen(): void {
+    if (this.state === 'ended') throw new TransactionEndedError();
+  }
+
+  end(): void {
+    this.state = 'ended';
+  }
+
+  get ended(): boolean {
+    return this.state === 'ended';
+  }
+
+  nextSavepoint(): string {
+    return `typeorm_nested_${++this.savepoints}`;
+  }
+
+  markRollbackOnly(reason: Error): void {
+    this.rollbackOnly ??= reason;
+  }
+}
 
 /**
- * The current transaction. `transaction(fn)` opens one and every `query`, and every repository of
- * `manager`, used while `fn` runs — in any service of the app — joins it, so an interceptor can
- * claim an idempotency key, let the handler write, and record the response in ONE commit. A `query`
- * outside one is a transaction of its own (BEGIN, the statement and COMMIT in one write). The DataSource's own
- * repositories (`@InjectRepository`), manager, `query()` and `transaction()` join it too; a write on any other
- * connection while one is open (a second DataSource, a raw `pg` pool) would commit on its own, outside it: it is
- * refused (see typeorm-transaction.ts).
+ * The transaction the layer carries. `transaction(fn)` opens one (BEGIN at once, with the settings) and every `query`,
+ * and every TypeORM repository, manager, `query()` and `transaction()` of the DataSource used while `fn` runs — in any
+ * service of the app — joins it, so an interceptor can claim an idempotency key, let the handler write, and record the
+ * response in ONE commit. A `query` outside one is a transaction of its own.
  *
- * Round trips are the cost that matters on a small machine (each is a write to the socket and a
- * wake-up of a PostgreSQL backend), so a transaction sends what it can together, over a pipelined
- * connection (pg's `pipeline` mode: each statement keeps its own result and error):
- * - BEGIN, with the transaction's settings (SET LOCAL), goes out with the transaction's first statement;
- * - `defer(sql)` queues a statement whose result nobody reads (a SAVEPOINT, recording a response):
- *   it goes out with the next statement, or with the COMMIT;
- * so an idempotent create is three round trips: BEGIN + claim, SAVEPOINT + insert, record + COMMIT.
- * The order of statements, and so every guarantee, is exactly that of sending them one by one; a
- * batch's first error is the one thrown (the statements after it fail only because it aborted the
- * transaction). Nothing is left on a server connection between transactions, so a transaction
- * pooler (PgBouncer in transaction mode) can hand it to another client: with named statements off
- * (`preparedStatements: false`), not even a prepared statement.
+ * Its lifecycle is explicit: when `fn` settles the transaction ends — COMMIT (whose answer is checked: PostgreSQL turns
+ * the COMMIT of a failed transaction into a ROLLBACK) or ROLLBACK — and from then on any use from its async context (a
+ * timer or an unawaited promise `fn` left behind) throws TransactionEndedError. Nothing is ever sent on a connection the
+ * layer has handed back. Every statement is sent where it is written and awaited; nothing is queued for later.
  *
- * It talks to TypeORM's own `pg` pool directly and carries the transaction itself: hand-written SQL
- * through TypeORM's QueryRunner costs a round trip per statement, and @nestjs-cls/transactional,
- * which would carry it too, is CommonJS that require()s the ESM-only Nest 12 (Jest cannot load it on Node 20).
+ * It uses TypeORM's own `pg` pool and public pg API only. The one thing it attaches to the DataSource it is given is its
+ * `createQueryRunner` (see typeorm-transaction.ts): `attach()` does it, and the module calls it once at start-up.
  *
- * A database restart must not take the process down: pg emits 'error' on a checked-out client
- * whose server goes away between two queries, and pg-pool listens only while the client is idle
- * (TypeORM's pool handler then logs it). So every client this class checks out gets a listener of
- * its own, and a client whose connection broke is released with the error, so the pool drops it.
+ * A database restart must not take the process down: pg emits 'error' on a checked-out client whose server goes away
+ * between two queries, and pg-pool listens only while the client is idle. So every client this class checks out gets
+ * a listener of its own, and a client whose connection broke is released with the error, so the pool drops it.
  */
 @Injectable()
 export class Database implements OnModuleDestroy {
@@ -158,50 +160,45 @@ export class Database implements OnModuleDestroy {
   private readonly onClientError = (err: Error) =>
     this.logger.warn(`a database connection in use failed; it is dropped when released: ${err.message}`);
   private readonly settings: TransactionSettings;
-  private readonly begin: Deferred;
+  private readonly begin: string;
   private readonly statement: (text: string, values: unknown[]) => string | QueryConfig;
-  private readonly stopRefusing: () => void;
 
   constructor(
     private readonly dataSource: DataSource,
     @Inject(IDEMPOTENCY_OPTIONS) options: ResolvedIdempotencyOptions,
   ) {
     this.settings = transactionSettings(options);
-    this.begin = { sql: beginStatement(this.settings), params: [] };
+    this.begin = beginStatement(this.settings);
     this.statement = this.settings.preparedStatements ? namedStatement : unnamedStatement;
-    joinOpenTransactions(dataSource, () => {
-      const open = this.current.getStore();
-      return open && this.runnerOf(open);
-    });
-    this.stopRefusing = refuseEscapingWrites({ openClient: () => this.current.getStore()?.client, escapingWrites: options.escapingWrites });
-    // Without it pg holds each statement of a batch back until the one before has answered: still correct, one round trip each.
-    if ((dataSource.options as { extra?: { pipeline?: unknown } }).extra?.pipeline !== true) {
-      this.logger.warn("TypeORM's `extra: { pipeline: true }` is not set: each statement of a transaction waits for the one before it");
-    }
   }
 
   /**
-   * TypeORM in the current transaction: repositories and query builders of this manager run on the
-   * transaction's connection, between the claim and the recorded answer, and commit (or roll back)
-   * with them. Outside a transaction, the DataSource's own manager.
+   * Makes the DataSource's repositories, manager, `query()` and `transaction()` join the transaction open in their
+   * async context (by replacing `createQueryRunner` on this DataSource instance). Called once, by the module.
    */
-  get manager(): EntityManager {
-    const open = this.current.getStore();
-    return open ? this.runnerOf(open).manager : this.dataSource.manager;
+  attach(): this {
+    attachTransactionJoin(this.dataSource, () => {
+      const open = this.current.getStore();
+      if (open) open.runnersMade++;
+      return open;
+    });
+    return this;
   }
 
   onModuleDestroy(): void {
-    this.stopRefusing();
+    detachTransactionJoin(this.dataSource);
   }
 
-  /** The transaction's TypeORM runner, on its connection: one per transaction, so nested `transaction()`s count their savepoints. */
-  private runnerOf(open: OpenTransaction): QueryRunner {
-    if (!open.runner) {
-      const { runner, close } = joinedQueryRunner(this.dataSource, open.client, () => this.flush(open));
-      open.runner = runner;
-      open.closeRunner = close;
-    }
-    return open.runner;
+  /**
+   * TypeORM in the current transaction: repositories and query builders of this manager run on the transaction's
+   * connection, between the claim and the recorded answer, and commit (or roll back) with them. Outside a transaction,
+   * the DataSource's own manager.
+   */
+  get manager(): EntityManager {
+    const open = this.current.getStore();
+    if (!open) return this.dataSource.manager;
+    open.runnersMade++;
+    return joinedQueryRunner(this.dataSource, open).manager;
   }
 
   /** `manager.getRepository(target)`: the entity's repository in the current transaction. */
@@ -209,142 +206,57 @@ export class Database implements OnModuleDestroy {
     return this.manager.getRepository(target);
   }
 
-  /**
-   * Sends what is queued (BEGIN, deferred statements) ahead of a statement that does not go through
-   * `query`, in order: TypeORM's statements share the connection, so a SAVEPOINT queued before them must reach it first.
-   */
-  private flush(open: OpenTransaction): Promise<unknown> | undefined {
-    if (open.state === 'begun' && open.deferred.length === 0) return undefined;
-    return this.send(open, this.takeDeferred(open));
-  }
-
   private get pool(): Pool {
     return (this.dataSource.driver as PostgresDriver).master as Pool;
   }
 
-  /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE). */
+  /** The rows the statement returned (RETURNING rows for INSERT/UPDATE/DELETE), in the current transaction or one of its own. */
   async query<T>(sql: string, params: unknown[] = []): Promise<T[]> {
-    const [rows] = await this.queries([{ sql, params }]);
-    return rows as T[];
-  }
-
-  /** Statements sent together, in order, in the current transaction (or one of their own): the rows of each. */
-  async queries(statements: { sql: string; params?: unknown[] }[]): Promise<unknown[][]> {
-    const batch = statements.map(({ sql, params }) => ({ sql, params: params ?? [] }));
     const open = this.current.getStore();
-    if (open) return (await this.send(open, [...this.takeDeferred(open), ...batch])).slice(-batch.length);
-    return this.inTransaction((alone) => this.sendAndCommit(alone, batch));
+    if (!open) return this.transaction(() => this.query<T>(sql, params));
+    return (await this.send(open, sql, params)).rows as T[];
   }
 
-  /** The batch with everything queued before it and a COMMIT after it, in one write; the batch's rows. */
-  private async sendAndCommit(open: OpenTransaction, batch: Deferred[]): Promise<unknown[][]> {
-    const results = await this.send(open, [...this.takeDeferred(open), ...batch, COMMIT]);
-    open.state = 'not begun';
-    return results.slice(-batch.length - 1, -1);
+  /** A point the current transaction can return to. */
+  async savepoint(name: string): Promise<void> {
+    await this.query(`SAVEPOINT ${name}`);
   }
 
-  /**
-   * Queues a statement of the current transaction whose result nobody reads: it is sent with the
-   * next statement, or with the COMMIT, and an error it raises is thrown there.
-   */
-  defer(sql: string, params: unknown[] = []): void {
-    this.openTransaction('defer').deferred.push({ sql, params });
+  /** Undoes everything since `savepoint(name)`; the savepoint stays, to be rolled back to again. */
+  async rollbackToSavepoint(name: string): Promise<void> {
+    await this.query(`ROLLBACK TO SAVEPOINT ${name}`);
   }
 
   /** Bounds the current transaction's lock waits from its next statement on; without `ms`, back to the service's lock_timeout. */
-  setLockTimeout(ms?: number): void {
+  async setLockTimeout(ms?: number): Promise<void> {
     // lock_timeout 0 means "no limit": one millisecond is the shortest wait PostgreSQL can do.
-    this.defer(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.ceil(ms ?? this.settings.lockTimeoutMs))}ms`]);
-  }
-
-  /** A point the current transaction can return to (sent with the next statement). */
-  savepoint(name: string): void {
-    this.defer(`SAVEPOINT ${name}`);
-  }
-
-  /** Undoes everything since `savepoint(name)`; nothing to send when the savepoint itself was never sent. */
-  rollbackToSavepoint(name: string): void {
-    const open = this.openTransaction('rollbackToSavepoint');
-    const at = open.deferred.findIndex((d) => d.sql === `SAVEPOINT ${name}`);
-    if (at >= 0) open.deferred.splice(at);
-    else open.deferred.push({ sql: `ROLLBACK TO SAVEPOINT ${name}`, params: [] });
-  }
-
-  private openTransaction(what: string): OpenTransaction {
-    const open = this.current.getStore();
-    if (!open) throw new Error(`Database.${what} needs a transaction`);
-    return open;
-  }
-
-  /** What is queued, to go out ahead of the next statement: BEGIN first, when the transaction has not begun. */
-  private takeDeferred(open: OpenTransaction): Deferred[] {
-    const begin: Deferred[] = open.state === 'not begun' ? [this.begin] : [];
-    open.state = 'begun';
-    return [...begin, ...open.deferred.splice(0)];
+    await this.query(`SELECT set_config('lock_timeout', $1, true)`, [`${Math.max(1, Math.ceil(ms ?? this.settings.lockTimeoutMs))}ms`]);
   }
 
   /**
-   * Sends the statements of one batch and waits for all of them; their rows, in order, or the first error.
-   *
-   * A 0A000 "cached plan must not change result type" means a schema change altered the result of a
-   * named statement this connection had prepared: its cache is discarded (DEALLOCATE ALL, and pg
-   * forgets the names), so every later use parses afresh. The batch is then sent once more only
-   * when it was the transaction's FIRST: an error aborted the transaction, so nothing it did was
-   * committed, and `fn` has seen no result yet, so nothing it decided depends on the failed try —
-   * sending the same batch again is the same as the first try never having happened. After a later
-   * batch (or with another batch sent behind it), `fn` acted on results, or is waiting for ones the
-   * error voided; the error propagates (503, retryable) instead.
+   * Sends one statement on the open transaction's connection. A 0A000 ("cached plan must not change result type": a
+   * schema change altered the result of a named statement this connection prepared) on the transaction's FIRST
+   * statement is retried on a fresh connection: nothing was done yet and nobody saw a result, so the retry is as if the
+   * first try never happened. The failed connection is dropped, and its stale statements with it. Later, the error
+   * propagates (answered 503, retryable).
    */
-  private async send(open: OpenTransaction, statements: Deferred[]): Promise<unknown[][]> {
-    const isFirstBatch = open.sent++ === 0;
+  private async send(open: OpenTransaction, sql: string, params: unknown[]): Promise<QueryResult> {
+    open.assertOpen();
+    if (open.nested.length > 0) throw new ConcurrentNestedTransactionError('A statement of the enclosing transaction was sent');
+    const first = open.statementsSent++ === 0;
     try {
-      return await this.write(open.client, statements);
+      return await open.client.query(this.statement(sql, params), params);
     } catch (err) {
-      if (!isCachedPlanInvalidated(err)) throw err;
-      this.logger.warn(`a schema change invalidated prepared statements (${(err as Error).message}); this connection discards them`);
-      await this.rollBackAndDiscardStatements(open);
-      // Alone on the wire: no batch went out behind it while it failed.
-      const nothingDependsOnIt = isFirstBatch && open.sent === 1;
-      if (!nothingDependsOnIt) throw err;
-      // The same batch again, its BEGIN included: the transaction begins anew.
-      open.state = 'begun';
-      return await this.write(open.client, statements);
+      // Alone on the wire: no statement went out behind it while it failed, and no TypeORM runner holds this connection.
+      const nothingDependsOnIt = first && open.statementsSent === 1 && open.runnersMade === 0;
+      if (!(nothingDependsOnIt && isCachedPlanInvalidated(err))) throw err;
+      this.logger.warn(`a schema change invalidated a prepared statement (${(err as Error).message}); this connection is dropped`);
+      await open.client.query('ROLLBACK').catch(() => undefined);
+      open.client.release(err as Error);
+      open.client = await this.connect();
+      await open.client.query(this.begin);
+      return await open.client.query(this.statement(sql, params), params);
     }
-  }
-
-  /** Ends the aborted transaction and drops the connection's prepared statements, in one write. */
-  private async rollBackAndDiscardStatements(open: OpenTransaction): Promise<void> {
-    await this.write(open.client, [
-      { sql: 'ROLLBACK', params: [] },
-      { sql: DISCARD_STATEMENTS, params: [] },
-    ]);
-    open.state = 'not begun';
-    // pg's own record of what it prepared on this connection (not public API): without it, pg would
-    // bind the names it believes exist. Should it be missing, the connection is not reused.
-    const connection = (open.client as unknown as { connection?: { parsedStatements?: Record<string, string> } }).connection;
-    if (connection?.parsedStatements) connection.parsedStatements = {};
-    else throw new Error('cannot reset the statement cache of this connection');
-  }
-
-  /**
-   * Sends the statements in one write (the socket is corked while pg writes them) and waits for all
-   * of them; their rows, in order, or the first error. Waiting for all keeps the connection's
-   * queue empty whatever fails, so it can be rolled back and released.
-   */
-  private async write(client: PoolClient, statements: Deferred[]): Promise<unknown[][]> {
-    // pg's own socket (not public API: without it the statements still go out in order, one write each).
-    const stream = (client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection?.stream;
-    stream?.cork?.();
-    let pending: Promise<{ rows: unknown[] }>[];
-    try {
-      pending = statements.map(({ sql, params }) => client.query(this.statement(sql, params), params));
-    } finally {
-      stream?.uncork?.();
-    }
-    const settled = await Promise.allSettled(pending);
-    const failed = settled.find((r) => r.status === 'rejected');
-    if (failed) throw failed.reason;
-    return settled.map((r) => (r as PromiseFulfilledResult<{ rows: unknown[] }>).value.rows);
   }
 
   /**
@@ -370,42 +282,66 @@ export class Database implements OnModuleDestroy {
   /**
    * Runs `fn` as if no transaction were open: its statements and transactions use connections of their own.
    * For work that must commit on its own before the caller's transaction goes on (settling a stale operation
-   * before the caller locks the rows it needs): done inside, it would wait on the caller's own locks.
+   * before the caller locks the rows it needs), or that outlives the caller (a background task it starts).
    */
   outsideTransaction<T>(fn: () => Promise<T>): Promise<T> {
     return this.current.exit(fn);
   }
 
-  /** Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves, rolls back when it throws. */
+  /**
+   * Runs `fn` in a transaction (READ COMMITTED), or in the one already open. Commits when it resolves — and throws
+   * TransactionRolledBackError when PostgreSQL answers that COMMIT with ROLLBACK — and rolls back when it throws.
+   */
   async transaction<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.current.getStore()) return fn();
-    return this.inTransaction(async (open) => {
-      const result = await this.current.run(open, fn).finally(() => open.closeRunner?.());
-      // Nothing sent and nothing queued: there is no transaction to end.
-      if (open.state === 'begun' || open.deferred.length > 0) await this.sendAndCommit(open, []);
-      return result;
-    });
-  }
-
-  /** A connection for `fn`'s transaction; rolled back when `fn` throws with the transaction still open, then released. */
-  private async inTransaction<T>(fn: (open: OpenTransaction) => Promise<T>): Promise<T> {
-    const client = await this.connect();
-    const open: OpenTransaction = { client, state: 'not begun', sent: 0, deferred: [] };
+    const outer = this.current.getStore();
+    if (outer) {
+      outer.assertOpen();
+      return fn();
+    }
+    const open = new OpenTransaction(await this.connect());
     let broken: Error | undefined;
     try {
-      return await fn(open);
-    } catch (err) {
-      if (isDatabaseUnavailable(err)) broken = err as Error;
-      // A connection that cannot even roll back is dropped, not handed to the next request.
-      // (After a failed COMMIT the transaction is over already: the server says so, nothing is sent.)
-      else if (open.state === 'begun' && client.getTransactionStatus() !== 'I') {
-        await client.query('ROLLBACK').catch((rollbackError: unknown) => {
+      await open.client.query(this.begin);
+      let result: T;
+      try {
+        result = await this.current.run(open, fn);
+      } catch (err) {
+        open.end();
+        // A ROLLBACK that fails too (the connection is gone) must not hide why `fn` failed.
+        await open.client.query('ROLLBACK').catch((rollbackError: unknown) => {
           broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
         });
+        throw err;
       }
+      await this.commit(open);
+      return result;
+    } catch (err) {
+      // A connection that failed, or whose transaction could not be ended, is dropped, not handed to the next request.
+      if (isDatabaseUnavailable(err) || open.client.getTransactionStatus() !== 'I')
+        broken ??= err instanceof Error ? err : new Error(String(err));
       throw err;
     } finally {
-      client.release(broken);
+      open.end();
+      open.client.release(broken);
+    }
+  }
+
+  /** COMMIT, and its answer checked: an aborted transaction's COMMIT is answered ROLLBACK, with no error. */
+  private async commit(open: OpenTransaction): Promise<void> {
+    const refusal =
+      open.rollbackOnly ??
+      (open.nested.length > 0 ? new Error('a nested transaction was left open (started, never committed)') : undefined);
+    // Ended before COMMIT goes out: a statement sent from the context now would run after it, on its own.
+    open.end();
+    if (refusal) {
+      await open.client.query('ROLLBACK');
+      throw new TransactionRolledBackError(refusal.message, { cause: refusal });
+    }
+    const answer = await open.client.query('COMMIT');
+    if (answer.command !== 'COMMIT') {
+      throw new TransactionRolledBackError(
+        'PostgreSQL answered the COMMIT with ROLLBACK because a statement in it had failed (an error caught and not rethrown)',
+      );
     }
   }
 }

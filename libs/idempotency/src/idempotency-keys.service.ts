@@ -123,29 +123,22 @@ export class IdempotencyKeysService {
    * waits only; the handler's own lock waits keep the transaction's lock_timeout.
    */
   async claimKey(scope: KeyScope, lockWaitMs?: number): Promise<Claim> {
-    // Both settings ride along with the statements next to them: no round trip of their own.
-    if (lockWaitMs !== undefined) this.db.setLockTimeout(lockWaitMs);
+    if (lockWaitMs !== undefined) await this.db.setLockTimeout(lockWaitMs);
     const claim = await this.claim(scope);
     // Not reached when a claim statement failed: the transaction is aborted and rolls back anyway.
-    if (lockWaitMs !== undefined) this.db.setLockTimeout();
+    if (lockWaitMs !== undefined) await this.db.setLockTimeout();
     return claim;
   }
 
   private async claim(scope: KeyScope): Promise<Claim> {
     const key = [scope.clientId, scope.key];
-    const [[{ locked }], found] = (await this.db.queries([
-      { sql: TRY_LOCK_KEY, params: key },
-      { sql: FIND_KEY, params: key },
-    ])) as [[{ locked: boolean }], KeyRow[]];
-    let row = found[0];
+    // The lock first, then the read, in two statements: the read's snapshot must be taken after the lock is held.
+    const [{ locked }] = await this.db.query<{ locked: boolean }>(TRY_LOCK_KEY, key);
     if (!locked) {
       // Another request holds the key: wait for it (lock_timeout), then read what it left.
-      const [, after] = (await this.db.queries([
-        { sql: LOCK_KEY, params: key },
-        { sql: FIND_KEY, params: key },
-      ])) as [unknown, KeyRow[]];
-      row = after[0];
+      await this.db.query(LOCK_KEY, key);
     }
+    let row = (await this.db.query<KeyRow>(FIND_KEY, key))[0];
     const waited = !locked;
     for (let round = 0; round < MAX_CLAIM_ROUNDS; round++) {
       if (!row) return { kind: 'claimed' };
@@ -166,12 +159,12 @@ export class IdempotencyKeysService {
   }
 
   /**
-   * Completes the claim with the response to replay, in the claim's transaction, sent with its COMMIT:
-   * a new key's one write of its row, or the update of the expired row it took over.
+   * Completes the claim with the response to replay, in the claim's transaction: a new key's one write of its row, or
+   * the update of the expired row it took over.
    */
-  recordResponse(claim: { id?: string }, scope: KeyScope, response: StoredResponse): void {
+  async recordResponse(claim: { id?: string }, scope: KeyScope, response: StoredResponse): Promise<void> {
     if (claim.id === undefined) {
-      this.db.defer(INSERT_COMPLETED_KEY, [
+      await this.db.query(INSERT_COMPLETED_KEY, [
         scope.clientId,
         scope.key,
         scope.fingerprint,
@@ -184,7 +177,7 @@ export class IdempotencyKeysService {
       ]);
       return;
     }
-    this.db.defer(
+    await this.db.query(
       `UPDATE idempotency_keys
           SET state = 'completed', response_status = $2, response_headers = $3, response_body = $4, completed_at = now()
         WHERE id = $1`,

@@ -13,12 +13,6 @@ export interface IdempotentRequest {
   user?: { id?: string; [claim: string]: unknown };
 }
 
-/**
- * What a write gets that cannot join the open transaction (a second DataSource, a raw `pg` pool): refused, or — an explicit
- * opt-in — logged at error and let through, committing on its own.
- */
-export type EscapingWrites = 'refuse' | 'log';
-
 export interface IdempotencyModuleOptions {
   /**
    * Who is calling: keys are scoped to it, so two callers may use the same key for different
@@ -44,8 +38,6 @@ export interface IdempotencyModuleOptions {
   reaper?: boolean;
   /** Named (server-side prepared) statements: set false behind a transaction pooler that cannot keep them. Default true. */
   preparedStatements?: boolean;
-  /** Default 'refuse', in every environment: a refused write is a 500 the retry can fix, a write let through a silent double effect. */
-  escapingWrites?: EscapingWrites;
   /** The `type` of the layer's own problems, by their slug (`idempotency-key-missing`, …). Default `urn:idempotency:problem:<slug>`. */
   problemType?: (slug: string) => string;
   /**
@@ -76,7 +68,6 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     metrics: options.metrics ?? false,
     reaper: options.reaper ?? true,
     preparedStatements: options.preparedStatements ?? true,
-    escapingWrites: options.escapingWrites ?? 'refuse',
     problemType: options.problemType ?? defaultProblemType,
     renderError: options.renderError ?? problemOf,
   };

@@ -206,16 +206,16 @@ export class IdempotencyInterceptor implements NestInterceptor {
     res: IdempotentReply,
   ): Promise<Execution> {
     // Everything the handler writes can be undone alone, so a business error is stored without them.
-    this.db.savepoint(SAVEPOINT);
+    await this.db.savepoint(SAVEPOINT);
     let response: StoredResponse;
     try {
       const value: unknown = await lastValueFrom(next.handle(), { defaultValue: undefined });
       response = this.successOf(value, res);
     } catch (err) {
       response = this.storedRefusalOf(err);
-      this.db.rollbackToSavepoint(SAVEPOINT);
+      await this.db.rollbackToSavepoint(SAVEPOINT);
     }
-    this.keys.recordResponse(claim, scope, response);
+    await this.keys.recordResponse(claim, scope, response);
     return { response, replayed: false, outcome: 'executed' };
   }
 

@@ -1,5 +1,6 @@
 import { Module } from '@nestjs/common';
 import { AtomicPhases } from './atomic-phases.js';
+import { DataSource } from 'typeorm';
 import { Database } from './database.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 import { IdempotencyKeyReaper } from './idempotency-key-reaper.js';
@@ -43,7 +44,13 @@ const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
       useFactory: (options: ResolvedIdempotencyOptions) => new ReplayCache(options.replayCacheEntries, REPLAY_CACHE_MAX_BYTES),
       inject: [IDEMPOTENCY_OPTIONS],
     },
-    Database,
+    {
+      // The one thing the layer changes outside itself, and only on this DataSource: its createQueryRunner, so the
+      // app's repositories and manager join the open idempotent transaction (docs/use-it-in-your-app.md says so).
+      provide: Database,
+      useFactory: (dataSource: DataSource, options: ResolvedIdempotencyOptions) => new Database(dataSource, options).attach(),
+      inject: [DataSource, IDEMPOTENCY_OPTIONS],
+    },
     IdempotencyKeysService,
     IdempotencyProblems,
     IdempotencyKeyReaper,

@@ -271,17 +271,16 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
             out.push({ applied: false });
             continue;
           }
-          // Deferred: the savepoint and its release ride with the handler's statements, no round trip of their own.
-          this.db.savepoint(`message_${i}`);
+          await this.db.savepoint(`message_${i}`);
           try {
             await lastValueFrom(delivery.next.handle(), { defaultValue: undefined });
-            this.db.defer(`RELEASE SAVEPOINT message_${i}`);
+            await this.db.query(`RELEASE SAVEPOINT message_${i}`);
             out.push({ applied: true });
           } catch (err) {
             if (notTheMessages(err)) throw err;
             // The message's own failure: its effect undone, and its mark, so that its retry can claim it again.
-            this.db.rollbackToSavepoint(`message_${i}`);
-            this.db.defer(`DELETE FROM ${table} WHERE consumer = $1 AND message_id = $2`, [consumer, delivery.messageId]);
+            await this.db.rollbackToSavepoint(`message_${i}`);
+            await this.db.query(`DELETE FROM ${table} WHERE consumer = $1 AND message_id = $2`, [consumer, delivery.messageId]);
             out.push({ err });
           }
         }

@@ -4,12 +4,7 @@
 /** The layer's module: `IdempotencyModule.forRoot({ callerScope })` or `forRootAsync({ inject, useFactory })`. */
 export { IdempotencyModule } from './idempotency.module.js';
 /** `forRoot`'s options (`callerScope`, the TTL, the wait, …), `forRootAsync`'s, and what `callerScope` is given. */
-export {
-  type EscapingWrites,
-  type IdempotencyModuleAsyncOptions,
-  type IdempotencyModuleOptions,
-  type IdempotentRequest,
-} from './idempotency-options.js';
+export { type IdempotencyModuleAsyncOptions, type IdempotencyModuleOptions, type IdempotentRequest } from './idempotency-options.js';
 /** The key table's entity: list it in TypeORM's `entities`. */
 export { IdempotencyKey } from './idempotency-key.entity.js';
 /**
@@ -42,10 +37,15 @@ export { createIdempotencyKeysTable, dropIdempotencyKeysTable } from './idempote
 // Errors.
 /** An error that is already an RFC 9457 problem (the layer's 400/401/409/422 are), and how any HttpException becomes one. */
 export { type Problem, ProblemDetailsException, problemOf } from './problem-details.js';
-/** A write on a connection that cannot join the open transaction (another DataSource, a raw pg pool): refused. */
-export { EscapingWriteError } from './typeorm-transaction.js';
 /** No pooled connection became free in time: the app is overloaded, answer 503. */
 export { PoolExhaustedError } from './database.js';
+/** PostgreSQL answered COMMIT with ROLLBACK (a failed statement's error was caught and ignored): nothing was kept. */
+export { TransactionRolledBackError } from './database.js';
+/**
+ * The transaction's seam, each said loudly: used after it ended (work its handler left running), two nested transactions
+ * at once on its connection, a nested transaction asking for another isolation level.
+ */
+export { ConcurrentNestedTransactionError, IsolationLevelError, TransactionEndedError } from './typeorm-transaction.js';
 
 // Message handlers: an @EventPattern / @MessagePattern handler that runs once per message id.
 /** Marks a message handler: claim the message id in the handler's transaction, commit it with the effect, ack after COMMIT. */

@@ -1,140 +1,184 @@
-import { Logger } from '@nestjs/common';
-import pg, { type PoolClient } from 'pg';
+import type { PoolClient } from 'pg';
 import type { DataSource, QueryRunner, ReplicationMode } from 'typeorm';
-import type { EscapingWrites } from './idempotency-options.js';
 
-/**
- * A write sent on a connection that cannot join the open idempotent transaction (a second DataSource, a raw `pg`
- * pool): it would commit on its own, whatever the transaction then does, so a retry would repeat it.
- */
-export class EscapingWriteError extends Error {
-  constructor(sql: string) {
+/** The layer's transaction has ended (COMMIT, ROLLBACK or an error): work left running from its handler cannot use it. */
+export class TransactionEndedError extends Error {
+  constructor() {
     super(
-      `A write on a database connection outside the open idempotent transaction would commit on its own ` +
-        `(${sql.trim().slice(0, 60)}…). Inside an @Idempotent() handler, write through the DataSource the layer uses ` +
-        `(its repositories, manager, query() or transaction()), which join the transaction, not through another DataSource or pg pool.`,
+      'The idempotent transaction this code ran in has already ended; its connection is back in the pool. Work that outlives ' +
+        'its handler (a timer, an unawaited promise, an event listener) must not write through it: await it inside the ' +
+        'handler, or start it with Database.outsideTransaction().',
     );
-    this.name = 'EscapingWriteError';
+    this.name = 'TransactionEndedError';
   }
 }
 
-/** What cannot change anything: the only statements allowed on another connection while a transaction is open. */
-const READS = /^\s*(select|show|explain)\b/i;
-
-type CreateQueryRunner = (mode?: ReplicationMode) => QueryRunner;
-/** QueryRunner.query without its overloads: what the wrappers forward. */
-type RunQuery = (sql: string, parameters?: unknown[], structured?: boolean) => Promise<unknown>;
-
-/** Each DataSource's own createQueryRunner, before the join wrapped it: the joined runner is made with it. */
-const unjoined = new WeakMap<DataSource, CreateQueryRunner>();
-
 /**
- * Every repository, manager, query builder, `query()` and `transaction()` of TypeORM gets its connection from
- * `dataSource.createQueryRunner()`: wrapping that one method of this DataSource (not TypeORM's prototypes) makes all
- * of them — an `@InjectRepository` repository included — run on the open transaction's runner while there is one
- * (`joined()` returns it), and on a pooled connection of their own otherwise.
+ * Two nested transactions (or a nested one and a statement of its parent) at once on the one connection of the claim's
+ * transaction: PostgreSQL's savepoints are a stack, so rolling one back would undo the other's writes too.
  */
-export function joinOpenTransactions(dataSource: DataSource, joined: () => QueryRunner | undefined): void {
-  if (unjoined.has(dataSource)) return;
-  const create: CreateQueryRunner = dataSource.createQueryRunner.bind(dataSource);
-  unjoined.set(dataSource, create);
-  dataSource.createQueryRunner = (replication?: ReplicationMode) => joined() ?? create(replication);
+export class ConcurrentNestedTransactionError extends Error {
+  constructor(what: string) {
+    super(
+      `${what} while a nested transaction is open on the idempotent transaction's connection. Inside a handler, run ` +
+        'nested transactions one after another, and inside one use the EntityManager it is given.',
+    );
+    this.name = 'ConcurrentNestedTransactionError';
+  }
 }
 
-/** The parts of TypeORM's PostgresQueryRunner a joined runner sets (public fields, not in the QueryRunner interface as writable). */
+/** The claim's transaction is READ COMMITTED; a nested transaction cannot run at another level, so asking for one is refused. */
+export class IsolationLevelError extends Error {
+  constructor(level: string) {
+    super(
+      `A nested transaction inside an idempotent handler runs in the claim's READ COMMITTED transaction; ${level} cannot be ` +
+        'granted to part of a transaction. Run work that needs it outside the handler.',
+    );
+    this.name = 'IsolationLevelError';
+  }
+}
+
+type CreateQueryRunner = (mode?: ReplicationMode) => QueryRunner;
+/** QueryRunner.query without its overloads: what the wrapper forwards. */
+type RunQuery = (sql: string, parameters?: unknown[], structured?: boolean) => Promise<unknown>;
+
+/** A nested transaction opened through a runner (TypeORM's `transaction()` or `startTransaction()`): a savepoint. */
+interface NestedLevel {
+  runner: QueryRunner;
+  savepoint: string;
+}
+
+/**
+ * What a joined runner needs of the layer's open transaction. Only the innermost open nested level may send: a
+ * statement from anywhere else would land inside a savepoint that is not its own.
+ */
+export interface JoinableTransaction {
+  readonly client: PoolClient;
+  /** Throws TransactionEndedError once the transaction is over. */
+  assertOpen(): void;
+  /** Open nested levels, innermost last. */
+  readonly nested: NestedLevel[];
+  /** Names savepoints, so no two in one transaction share one. */
+  nextSavepoint(): string;
+  /** A nested level's rollback was asked for where none is open: the whole transaction must roll back. */
+  markRollbackOnly(reason: Error): void;
+}
+
+/** Each DataSource's own createQueryRunner, before `attachTransactionJoin` replaced it. */
+const ownCreateQueryRunner = new WeakMap<DataSource, CreateQueryRunner>();
+
+/**
+ * Replaces `createQueryRunner` on this one DataSource instance (nothing else: no prototype, no driver): every repository,
+ * manager, query builder, `query()` and `transaction()` of TypeORM gets its connection there, so while `joined()` returns
+ * a transaction they all run on its connection — an `@InjectRepository` repository included — and on a pooled
+ * connection of their own otherwise. The how-to page says so on its first screen.
+ */
+export function attachTransactionJoin(dataSource: DataSource, joined: () => JoinableTransaction | undefined): void {
+  if (ownCreateQueryRunner.has(dataSource)) throw new Error('This DataSource is already attached to an idempotency layer');
+  const create: CreateQueryRunner = dataSource.createQueryRunner.bind(dataSource);
+  ownCreateQueryRunner.set(dataSource, create);
+  dataSource.createQueryRunner = (replication?: ReplicationMode) => {
+    const open = joined();
+    return open ? joinedQueryRunner(dataSource, open) : create(replication);
+  };
+}
+
+/** Undoes `attachTransactionJoin` (the module's shutdown). */
+export function detachTransactionJoin(dataSource: DataSource): void {
+  const create = ownCreateQueryRunner.get(dataSource);
+  if (!create) return;
+  ownCreateQueryRunner.delete(dataSource);
+  dataSource.createQueryRunner = create;
+}
+
+/** The parts of TypeORM's PostgresQueryRunner a joined runner sets (public fields, not writable in the QueryRunner interface). */
 interface PostgresRunnerFields {
   databaseConnection: PoolClient;
   isTransactionActive: boolean;
-  transactionDepth: number;
-  isReleased: boolean;
 }
 
+const READ_COMMITTED = 'READ COMMITTED';
+
 /**
- * A TypeORM QueryRunner on the open transaction's own connection, so everything that uses it writes inside it.
- * TypeORM uses a connection a runner already holds as it is, and a transaction it believes open (depth 1) gets
- * SAVEPOINTs for a nested `transaction()` instead of a second BEGIN. Each statement first sends what the layer has
- * queued (BEGIN, a SAVEPOINT), in order on the same connection. The transaction itself is the layer's: committing or
- * rolling it back from TypeORM is refused, and `close()` ends the runner with it, so a manager kept past it throws
- * instead of writing outside it.
+ * A TypeORM QueryRunner on the open transaction's connection: one per `createQueryRunner()` call, as TypeORM expects.
+ * TypeORM believes a transaction is active on it, so it never sends BEGIN; its nested transactions are savepoints with
+ * names unique in the transaction, tracked as a stack so two at once are refused before anything is sent. The
+ * transaction itself is the layer's: `commitTransaction()` with no nested level of this runner open is refused, and
+ * `rollbackTransaction()` there marks the whole transaction rollback-only (the caller's own error stays the one thrown).
  */
-export function joinedQueryRunner(
-  dataSource: DataSource,
-  client: PoolClient,
-  flush: () => Promise<unknown> | undefined,
-): { runner: QueryRunner; close: () => void } {
-  const create = unjoined.get(dataSource) ?? dataSource.createQueryRunner.bind(dataSource);
+export function joinedQueryRunner(dataSource: DataSource, open: JoinableTransaction): QueryRunner {
+  open.assertOpen();
+  const create = ownCreateQueryRunner.get(dataSource) ?? dataSource.createQueryRunner.bind(dataSource);
   const runner = create('master');
   const fields = runner as unknown as PostgresRunnerFields;
-  fields.databaseConnection = client;
+  fields.databaseConnection = open.client;
   fields.isTransactionActive = true;
-  fields.transactionDepth = 1;
+  const own: NestedLevel[] = [];
+  /** Whether this runner ever opened a nested level: a rollback asked of one that never did has nothing of its own to undo. */
+  let started = false;
+  const innermost = () => open.nested.at(-1);
+
+  /** Only the innermost open level's runner may send; with none open, any runner of the transaction. */
+  const assertMayUse = (what: string) => {
+    open.assertOpen();
+    const top = innermost();
+    if (top && top.runner !== runner) throw new ConcurrentNestedTransactionError(what);
+  };
+
   const query = runner.query.bind(runner) as RunQuery;
-  runner.query = ((sql: string, parameters?: unknown[], structured?: boolean) => {
-    // Queued on the connection before TypeORM's statement (pg sends a client's queries in order).
-    const queued = flush();
-    const result = query(sql, parameters, structured);
-    if (!queued) return result;
-    return Promise.allSettled([queued, result]).then(([sent, answered]) => {
-      if (sent.status === 'rejected') throw sent.reason;
-      if (answered.status === 'rejected') throw answered.reason;
-      return answered.value;
-    });
+  runner.query = (async (sql: string, parameters?: unknown[], structured?: boolean) => {
+    assertMayUse('A statement was sent');
+    return query(sql, parameters, structured);
   }) as QueryRunner['query'];
-  // At depth 1 TypeORM would send COMMIT or ROLLBACK: the claim, the handler's writes and the answer commit together or not at all.
-  for (const end of ['commitTransaction', 'rollbackTransaction'] as const) {
-    const own = runner[end].bind(runner);
-    runner[end] = () => {
-      if (fields.transactionDepth <= 1)
-        return Promise.reject(new Error(`${end}() would end the idempotent transaction: the layer ends it`));
-      return own();
-    };
-  }
+  const stream = runner.stream.bind(runner);
+  runner.stream = (...args: Parameters<QueryRunner['stream']>) => {
+    assertMayUse('A stream was opened');
+    return stream(...args);
+  };
+
+  runner.startTransaction = async (isolationLevel) => {
+    const level = isolationLevel ?? (runner.connection.options as { isolationLevel?: string }).isolationLevel;
+    if (level !== undefined && level !== READ_COMMITTED) throw new IsolationLevelError(level);
+    assertMayUse('Another nested transaction was started');
+    const nested = { runner, savepoint: open.nextSavepoint() };
+    // On the stack before the SAVEPOINT is sent: a second one started meanwhile is refused, not interleaved.
+    open.nested.push(nested);
+    own.push(nested);
+    started = true;
+    try {
+      await query(`SAVEPOINT ${nested.savepoint}`);
+    } catch (err) {
+      open.nested.pop();
+      own.pop();
+      throw err;
+    }
+  };
+  runner.commitTransaction = async () => {
+    const nested = own.at(-1);
+    if (!nested) throw new Error('commitTransaction() would end the idempotent transaction: the layer commits it with the stored answer');
+    if (innermost() !== nested) throw new ConcurrentNestedTransactionError('A nested transaction was committed');
+    open.assertOpen();
+    await query(`RELEASE SAVEPOINT ${nested.savepoint}`);
+    open.nested.pop();
+    own.pop();
+  };
+  runner.rollbackTransaction = async () => {
+    const nested = own.at(-1);
+    if (!nested) {
+      // Refused at its start (TypeORM's transaction() rolls back in its catch): nothing of it was sent.
+      if (!started) return;
+      // After its own commit: TypeORM's recipe rolls back in its catch, then rethrows its error, which stays the one seen.
+      open.markRollbackOnly(new Error('rollbackTransaction() was called on the idempotent transaction: it was rolled back whole'));
+      return;
+    }
+    if (innermost() !== nested) throw new ConcurrentNestedTransactionError('A nested transaction was rolled back');
+    open.nested.pop();
+    own.pop();
+    open.assertOpen();
+    await query(`ROLLBACK TO SAVEPOINT ${nested.savepoint}`);
+    await query(`RELEASE SAVEPOINT ${nested.savepoint}`);
+  };
   // The connection is the layer's: it commits, rolls back and releases it.
   runner.release = () => Promise.resolve();
-  return { runner, close: () => (fields.isReleased = true) };
-}
-
-/** What `refuseEscapingWrites` asks each open layer: the connection of the transaction open in this async context, if any. */
-export interface TransactionScope {
-  openClient(): PoolClient | undefined;
-  escapingWrites: EscapingWrites;
-}
-
-const scopes = new Set<TransactionScope>();
-let refusing = false;
-
-/**
- * Refuses (or, opted in, logs) any statement but a read sent on a connection other than the open transaction's, in
- * the async context of that transaction: the writes that cannot join it (a second DataSource, a raw `pg` pool). It
- * wraps `pg.Client.prototype.query` once, when the first layer starts (nothing happens on import): a connection of
- * `pg` is the one place every such write passes. Returns what removes this layer's scope again.
- */
-export function refuseEscapingWrites(scope: TransactionScope): () => void {
-  scopes.add(scope);
-  if (!refusing) {
-    refusing = true;
-    const logger = new Logger('Idempotency');
-    const prototype = pg.Client.prototype as unknown as { query: (this: PoolClient, ...args: unknown[]) => unknown };
-    const query = prototype.query;
-    prototype.query = function guardedQuery(this: PoolClient, ...args: unknown[]) {
-      // Checked per statement, cheapest first: most run with no transaction open, or on the open one's own connection.
-      for (const open of scopes) {
-        const client = open.openClient();
-        if (client === undefined || client === this) continue;
-        const [config] = args;
-        const sql = typeof config === 'string' ? config : (config as { text?: unknown } | undefined)?.text;
-        if (typeof sql !== 'string' || READS.test(sql)) continue;
-        const escaping = new EscapingWriteError(sql);
-        if (open.escapingWrites === 'log') {
-          logger.error(escaping.message);
-          continue;
-        }
-        const callback = args.find((arg) => typeof arg === 'function') as ((err: Error) => void) | undefined;
-        if (callback) return void process.nextTick(callback, escaping);
-        return Promise.reject(escaping);
-      }
-      return query.apply(this, args);
-    };
-  }
-  return () => scopes.delete(scope);
+  return runner;
 }
