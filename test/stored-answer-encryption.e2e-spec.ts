@@ -95,6 +95,18 @@ describe('stored answers encrypted at rest, with key rotation', () => {
       const second = await create(url, keyOfSecond, { ...order, orderNumber: `second-${marker}` });
       expect(second.status).toBe(201);
       expect((await keyRow(keyOfSecond)).response_key_id).toBe('k2');
+      // A phased handler's answer (a payment: AtomicPhases) is sealed and replayed the same way.
+      const keyOfPayment = randomUUID();
+      const pay = () =>
+        request(url)
+          .post(`/orders/${second.body.id as string}/payments`)
+          .set('Authorization', bearer(ALICE))
+          .set('Idempotency-Key', keyOfPayment)
+          .send({ source: 'tok_visa' });
+      const paid = await pay();
+      expect(paid.status).toBe(201);
+      expect((await keyRow(keyOfPayment)).response_key_id).toBe('k2');
+      expect((await pay()).text).toBe(paid.text);
 
       // k1 removed while a row still needs it: a clear 503 that names the cause, and nothing runs again.
       url = await start(`k2:${K2}`);
