@@ -15,6 +15,7 @@
  * database.ts): change them with those.
  * Measured with it: docs/postgres-cost-of-a-create.md.
  */
+import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -94,7 +95,8 @@ async function side({ url, unnamed, claim, savepoint, event }: SideOptions): Pro
       await Promise.all([...(savepoint ? [q('SAVEPOINT idempotent_handler')] : []), q(INSERT_ORDER, order)]);
       const headers = { 'content-type': 'application/json' };
       await Promise.all([
-        q(INSERT_COMPLETED_KEY, [...key, 'f'.repeat(64), 'POST', '/orders', 201, headers, RESPONSE_BODY, 86_400]),
+        // Not sealed (the two nulls), a new row id, the TTL.
+        q(INSERT_COMPLETED_KEY, [...key, 'f'.repeat(64), 'POST', '/orders', 201, headers, RESPONSE_BODY, null, null, randomUUID(), 86_400]),
         q('COMMIT'),
       ]);
     },

@@ -11,6 +11,7 @@ import { KeyRowHotUpdates1764414900000 } from './1764414900000-key-row-hot-updat
 import { LateLandings1764415000000 } from './1764415000000-late-landings.js';
 import { UnreachedSweep1764415100000 } from './1764415100000-unreached-sweep.js';
 import { OrderEventsOutbox1764415500000 } from './1764415500000-order-events-outbox.js';
+import { StoredAnswerEncryption1764415600000 } from './1764415600000-stored-answer-encryption.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -24,4 +25,5 @@ export const migrations = [
   LateLandings1764415000000,
   UnreachedSweep1764415100000,
   OrderEventsOutbox1764415500000,
+  StoredAnswerEncryption1764415600000,
 ];

@@ -85,6 +85,7 @@ export class AppModule {
             metrics: registry,
             problemType,
             renderError: toProblem,
+            responseEncryption: appConfig.idempotencyEncryption ?? false,
           }),
         }),
         DatabaseModule,

@@ -16,6 +16,7 @@ const VARIABLES = [
   'IDEMPOTENCY_WAIT_MS',
   'IDEMPOTENCY_LEASE_SECONDS',
   'IDEMPOTENCY_REPLAY_CACHE_ENTRIES',
+  'IDEMPOTENCY_ENCRYPTION_KEYS',
   'DATABASE_POOL_SIZE',
   'DATABASE_POOL_WAIT_MS',
   'DATABASE_PREPARED_STATEMENTS',
@@ -44,6 +45,9 @@ const KEYS = 'alice:alice-secret-0123456789,bob:bob-secret-0123456789';
 const WEBHOOK_SECRET = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
 /** What a real-database run must set at least. */
 const REAL = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'https://psp.example.com' };
+
+/** A well-formed encryption key: base64 of 32 bytes. */
+const ENCRYPTION_KEY = Buffer.alloc(32, 9).toString('base64');
 
 /** The ConfigError loadConfig throws for env; fails the test when it accepts env or throws anything else. */
 function configError(env: Env): ConfigError {
@@ -289,6 +293,11 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['ORDER_EVENTS_LEASE_MS', { ORDER_EVENTS_LEASE_MS: '5999' }],
     ['ORDER_EVENTS_RELAY_FAULT', { ORDER_EVENTS_RELAY_FAULT: 'true' }],
     ['LOG_LEVEL', { LOG_LEVEL: 'loud' }],
+    ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${Buffer.alloc(16, 1).toString('base64')}` }],
+    ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: Buffer.alloc(32, 1).toString('base64') }],
+    ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${'*'.repeat(44)}` }],
+    ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY},k1:${ENCRYPTION_KEY}` }],
+    ['IDEMPOTENCY_ENCRYPTION_KEYS', { ...REAL, NODE_ENV: 'production' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '1' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '70000' }],
   ];
@@ -315,6 +324,33 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     expect(loadConfig({ PSP_MAX_ATTEMPTS: '3' }).pspMaxAttempts).toBe(3);
     expect(loadConfig({ RECONCILE_INTERVAL_MS: '100' }).reconcileIntervalMs).toBe(100);
     expect(loadConfig({ PSP_BREAKER_THRESHOLD: '1' }).pspBreakerThreshold).toBe(1);
+  });
+});
+
+describe('loadConfig: IDEMPOTENCY_ENCRYPTION_KEYS', () => {
+  it('reads id:base64 pairs, the first one current', () => {
+    const other = Buffer.alloc(32, 3).toString('base64');
+    expect(loadConfig({ IDEMPOTENCY_ENCRYPTION_KEYS: ` k2:${ENCRYPTION_KEY} , k1:${other}` }).idempotencyEncryption).toEqual({
+      keys: { k2: Buffer.from(ENCRYPTION_KEY, 'base64'), k1: Buffer.from(other, 'base64') },
+      current: 'k2',
+    });
+  });
+
+  it('is required in production, optional (off) in development', () => {
+    const err = configError({ ...REAL, NODE_ENV: 'production' });
+    expect(err.message).toContain('IDEMPOTENCY_ENCRYPTION_KEYS is required when NODE_ENV=production');
+    expect(
+      loadConfig({ ...REAL, NODE_ENV: 'production', IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}` }).idempotencyEncryption?.current,
+    ).toBe('k1');
+    expect(loadConfig({ ...REAL }).idempotencyEncryption).toBeUndefined();
+  });
+
+  it('names the key ids of a malformed value, never a key', () => {
+    const short = Buffer.alloc(16, 5).toString('base64');
+    const err = configError({ IDEMPOTENCY_ENCRYPTION_KEYS: `k2:${short},k1:${ENCRYPTION_KEY}` });
+    expect(err.message).toContain('k2:***,k1:***');
+    expect(err.message).not.toContain(short);
+    expect(err.message).not.toContain(ENCRYPTION_KEY);
   });
 });
 

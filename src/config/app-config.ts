@@ -26,6 +26,11 @@ export interface AppConfig {
   idempotencyLeaseSeconds: number;
   /** Completed keys whose answers this process keeps for replays; 0: every replay reads the database. */
   idempotencyReplayCacheEntries: number;
+  /**
+   * IDEMPOTENCY_ENCRYPTION_KEYS: stored answers sealed with the first key, read with any (a rotation keeps the old one
+   * until its answers expire). Unset: stored in plain, which only development allows (NODE_ENV=production requires it).
+   */
+  idempotencyEncryption?: { keys: Record<string, Buffer>; current: string };
   databasePoolSize: number;
   databasePoolWaitMs: number;
   /**
@@ -203,6 +208,37 @@ function webhookSecret(env: Env, raw: string): string {
     return invalid(env, new ConfigError('PSP_WEBHOOK_SECRET', 'must be whsec_ followed by the base64 of at least 16 bytes', '***'), raw);
   }
   return raw;
+}
+
+/**
+ * `id:base64,id:base64`, each key 32 random bytes (AES-256), the first the one that seals. Only the ids are ever printed.
+ * Required in production: a default that stores customers' names and addresses in plain text fails open.
+ */
+function encryptionKeys(env: Env): AppConfig['idempotencyEncryption'] {
+  const name = 'IDEMPOTENCY_ENCRYPTION_KEYS';
+  const raw = env[name]?.trim();
+  if (!raw) {
+    if (env.NODE_ENV !== 'production') return undefined;
+    const problem =
+      'is required when NODE_ENV=production: id:base64 of 32 random bytes (openssl rand -base64 32), comma-separated, the first one current';
+    return invalid(env, new ConfigError(name, problem, ''), undefined);
+  }
+  const pairs = raw.split(',').map((pair) => {
+    const at = pair.indexOf(':');
+    return { at, id: pair.slice(0, Math.max(0, at)).trim(), encoded: pair.slice(at + 1).trim() };
+  });
+  const printable = pairs.map(({ id }) => `${id}:***`).join(',');
+  const keys: Record<string, Buffer> = {};
+  for (const { at, id, encoded } of pairs) {
+    const wellFormed = at > 0 && /^[A-Za-z0-9._-]{1,64}$/.test(id) && /^[A-Za-z0-9+/]+={0,2}$/.test(encoded) && encoded.length % 4 === 0;
+    if (!wellFormed || Buffer.from(encoded, 'base64').length !== 32) {
+      const problem = 'must be a comma-separated list of id:key, id of letters, digits, ._- and key the base64 of 32 random bytes';
+      return invalid(env, new ConfigError(name, problem, printable), undefined);
+    }
+    if (id in keys) return invalid(env, new ConfigError(name, 'must not repeat a key id', printable), undefined);
+    keys[id] = Buffer.from(encoded, 'base64');
+  }
+  return { keys, current: pairs[0].id };
 }
 
 /**
@@ -386,6 +422,7 @@ function readConfig(env: Env): AppConfig {
     idempotencyLeaseSeconds,
     // 10 000 answers of a few hundred bytes each: a few MB, enough for every key being retried at once.
     idempotencyReplayCacheEntries: integer(env, 'IDEMPOTENCY_REPLAY_CACHE_ENTRIES', 10_000, 0, 1_000_000),
+    idempotencyEncryption: encryptionKeys(env),
     // 20 connections keep two cores busy; more only queue inside PostgreSQL instead of here.
     databasePoolSize: integer(env, 'DATABASE_POOL_SIZE', 20, 2, 500),
     // A request that cannot get a connection this fast is told to come back (503) instead of queueing without end.

@@ -7,6 +7,7 @@ import type { KeyScope, StoredResponse } from './idempotency-keys.service.js';
 import { monotonicNow } from './monotonic-clock.js';
 import { PG, pgErrorCode } from './pg-errors.js';
 import type { ProblemDetailsException } from './problem-details.js';
+import { answerParams, StoredResponseCipher } from './stored-response-cipher.js';
 
 /**
  * A phased key's lease, as its holder knows it. Every later write of the holder names
@@ -45,7 +46,7 @@ interface LeaseRow {
 
 const KEY_COLUMNS = `id, fingerprint, state, recovery_point, lease_token,
   locked_until > clock_timestamp() AS leased, ceil(extract(epoch FROM locked_until - clock_timestamp())) AS lease_seconds_left,
-  expires_at <= now() AS expired, response_status, response_headers, response_body`;
+  expires_at <= now() AS expired, response_status, response_headers, response_body, response_key_id, response_sealed`;
 
 interface PhasedKeyRow {
   id: string;
@@ -59,6 +60,8 @@ interface PhasedKeyRow {
   response_status: number | null;
   response_headers: Record<string, string> | null;
   response_body: string | null;
+  response_key_id: string | null;
+  response_sealed: Buffer | null;
 }
 
 /**
@@ -96,12 +99,6 @@ const CLAIM_ROUNDS = 3;
 /** `fromExisting`: the row stopped counting (expired and deleted, or taken over first); `acquire` goes round again. */
 const CLAIM_AGAIN = Symbol('claim again');
 
-const toResponse = (row: PhasedKeyRow): StoredResponse => ({
-  status: row.response_status!,
-  headers: row.response_headers ?? {},
-  body: row.response_body!,
-});
-
 /**
  * brandur's atomic phases ("Implementing Stripe-like Idempotency Keys in Postgres") for handlers
  * with an external side effect, which cannot run inside one transaction with the key:
@@ -124,6 +121,7 @@ export class AtomicPhases {
     private readonly metrics: IdempotencyMetrics,
     private readonly problems: IdempotencyProblems,
     @Inject(IDEMPOTENCY_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
+    private readonly cipher: StoredResponseCipher,
   ) {}
 
   /** The request's key, scoped to its client and bound to its fingerprint; a missing key is a 400 (nothing runs). */
@@ -185,7 +183,7 @@ export class AtomicPhases {
     if (row.state === 'completed') {
       if (!row.expired) {
         this.note('replayed', scope);
-        return { kind: 'completed', response: toResponse(row) };
+        return { kind: 'completed', response: this.cipher.responseOf(row) };
       }
       // An expired key counts as absent. A new row (new id), so whatever the old one settled keeps its link to nothing.
       await this.db.query(`DELETE FROM idempotency_keys WHERE id = $1`, [row.id]);
@@ -263,7 +261,7 @@ export class AtomicPhases {
   async lockForSettling(keyId: string, leaseToken?: string): Promise<{ owned: true } | { owned: false; response: StoredResponse | null }> {
     const [row] = await this.db.query<PhasedKeyRow>(`SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE id = $1 FOR UPDATE`, [keyId]);
     if (!row) return { owned: false, response: null };
-    if (row.state === 'completed') return { owned: false, response: toResponse(row) };
+    if (row.state === 'completed') return { owned: false, response: this.cipher.responseOf(row) };
     if (leaseToken !== undefined && row.lease_token !== leaseToken) return { owned: false, response: null };
     return { owned: true };
   }
@@ -276,10 +274,10 @@ export class AtomicPhases {
     await this.db.query(
       `UPDATE idempotency_keys
           SET state = 'completed', recovery_point = 'finished', response_status = $2, response_headers = $3,
-              response_body = $4, completed_at = now(), expires_at = now() + make_interval(secs => $5),
-              locked_until = NULL, lease_token = NULL
+              response_body = $4, completed_at = now(), expires_at = now() + make_interval(secs => $7),
+              locked_until = NULL, lease_token = NULL, response_key_id = $5, response_sealed = $6
         WHERE id = $1 AND state = 'in_progress'`,
-      [keyId, response.status, response.headers, response.body, this.options.ttlSeconds],
+      [keyId, ...answerParams(this.cipher.columnsOf(keyId, response)), this.options.ttlSeconds],
     );
   }
 

@@ -19,6 +19,7 @@ export type IdempotencyKeyState = 'in_progress' | 'completed';
   'ck_idempotency_keys_completed_has_response',
   `"state" <> 'completed' OR ("response_status" IS NOT NULL AND "response_body" IS NOT NULL AND "completed_at" IS NOT NULL)`,
 )
+@Check('ck_idempotency_keys_sealed_answer', `"response_sealed" IS NULL OR ("state" = 'completed' AND "response_key_id" IS NOT NULL)`)
 export class IdempotencyKey {
   @PrimaryGeneratedColumn('uuid', { primaryKeyConstraintName: 'pk_idempotency_keys' })
   id: string;
@@ -61,6 +62,14 @@ export class IdempotencyKey {
   /** The exact bytes sent the first time (JSON text), replayed as they are. */
   @Column({ name: 'response_body', type: 'text', nullable: true })
   responseBody: string | null;
+
+  /** The key id that sealed `responseSealed` (responseEncryption); null when the answer is stored in plain. */
+  @Column({ name: 'response_key_id', type: 'text', nullable: true })
+  responseKeyId: string | null;
+
+  /** The answer sealed with AES-256-GCM (StoredResponseCipher); when set, the plain response columns hold a placeholder. */
+  @Column({ name: 'response_sealed', type: 'bytea', nullable: true })
+  responseSealed: Buffer | null;
 
   @Column({ name: 'created_at', type: 'timestamptz', default: () => 'now()' })
   createdAt: Date;

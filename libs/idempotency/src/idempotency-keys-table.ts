@@ -29,6 +29,8 @@ export async function createIdempotencyKeysTable(queryRunner: QueryRunner): Prom
       "completed_at" TIMESTAMP WITH TIME ZONE,
       "expires_at" TIMESTAMP WITH TIME ZONE NOT NULL,
       "lease_token" uuid,
+      "response_key_id" text,
+      "response_sealed" bytea,
       CONSTRAINT "pk_idempotency_keys" PRIMARY KEY ("id"),
       -- The claim. Two requests with one key (from one caller) cannot both insert: the second
       -- waits for the first's transaction, then finds its row and replays it. Scoped by caller,
@@ -37,7 +39,9 @@ export async function createIdempotencyKeysTable(queryRunner: QueryRunner): Prom
       CONSTRAINT "ck_idempotency_keys_state" CHECK ("state" IN ('in_progress', 'completed')),
       CONSTRAINT "ck_idempotency_keys_key_length" CHECK (char_length("key") BETWEEN 1 AND 255),
       -- A completed key always has an answer to replay: no "done but nothing to send" rows.
-      CONSTRAINT "ck_idempotency_keys_completed_has_response" CHECK ("state" <> 'completed' OR ("response_status" IS NOT NULL AND "response_body" IS NOT NULL AND "completed_at" IS NOT NULL))
+      CONSTRAINT "ck_idempotency_keys_completed_has_response" CHECK ("state" <> 'completed' OR ("response_status" IS NOT NULL AND "response_body" IS NOT NULL AND "completed_at" IS NOT NULL)),
+      -- A sealed answer (responseEncryption) belongs to its row's one completed answer: no stale seal beside a newer one.
+      CONSTRAINT "ck_idempotency_keys_sealed_answer" CHECK ("response_sealed" IS NULL OR ("state" = 'completed' AND "response_key_id" IS NOT NULL))
     ) WITH (fillfactor = 70)`);
   // The reaper deletes expired keys oldest first, in small batches.
   await queryRunner.query(`CREATE INDEX "ix_idempotency_keys_expires_at" ON "idempotency_keys" ("expires_at")`);

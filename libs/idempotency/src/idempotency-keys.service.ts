@@ -1,6 +1,8 @@
 import { Inject, Injectable } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
 import { Database } from './database.js';
 import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
+import { answerParams, StoredResponseCipher } from './stored-response-cipher.js';
 
 export interface KeyScope {
   clientId: string;
@@ -46,21 +48,23 @@ interface KeyRow {
   response_status: number | null;
   response_headers: Record<string, string> | null;
   response_body: string | null;
+  response_key_id: string | null;
+  response_sealed: Buffer | null;
 }
 
-const toRecord = (row: KeyRow): KeyRecord => ({
+/** An expired answer is never sent (the key is taken over): it is not opened, so a key retired after its TTL is not needed. */
+const toRecord = (row: KeyRow, cipher: StoredResponseCipher): KeyRecord => ({
   id: row.id,
   fingerprint: row.fingerprint,
   expired: row.expired,
   expiresInMs: row.expires_in_ms,
-  response:
-    row.state === 'completed' ? { status: row.response_status!, headers: row.response_headers ?? {}, body: row.response_body! } : null,
+  response: row.state !== 'completed' ? null : cipher.responseOf(row.expired ? { ...row, response_sealed: null } : row),
 });
 
 // An unfinished phased key expires at 'infinity', which no interval can measure.
 const KEY_COLUMNS = `id, fingerprint, state, expires_at <= now() AS expired,
   CASE WHEN isfinite(expires_at) THEN (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::float8 END AS expires_in_ms,
-  response_status, response_headers, response_body`;
+  response_status, response_headers, response_body, response_key_id, response_sealed`;
 
 /**
  * Requests with one (client, key) take turns on a transaction-scoped advisory lock of the pair,
@@ -87,8 +91,9 @@ export const FIND_KEY = `SELECT ${KEY_COLUMNS} FROM idempotency_keys WHERE clien
  */
 export const INSERT_COMPLETED_KEY = `
   INSERT INTO idempotency_keys (client_id, key, fingerprint, request_method, request_path, state,
-                                response_status, response_headers, response_body, completed_at, expires_at)
-  VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), now() + make_interval(secs => $9))`;
+                                response_status, response_headers, response_body, response_key_id, response_sealed, id,
+                                completed_at, expires_at)
+  VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, $10, $11, now(), now() + make_interval(secs => $12))`;
 
 /**
  * An expired, COMPLETED key counts as absent: the first request to see it takes it over. The row
@@ -101,6 +106,7 @@ const TAKE_OVER_EXPIRED_KEY = `
      SET fingerprint = $3, request_method = $4, request_path = $5, state = 'in_progress',
          recovery_point = 'started', locked_until = NULL, response_status = NULL,
          response_headers = NULL, response_body = NULL, created_at = now(), completed_at = NULL,
+         response_key_id = NULL, response_sealed = NULL,
          expires_at = now() + make_interval(secs => $6)
    WHERE client_id = $1 AND key = $2 AND expires_at <= now() AND state = 'completed'
   RETURNING id`;
@@ -114,6 +120,7 @@ export class IdempotencyKeysService {
   constructor(
     private readonly db: Database,
     @Inject(IDEMPOTENCY_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
+    private readonly cipher: StoredResponseCipher,
   ) {}
 
   /**
@@ -142,7 +149,7 @@ export class IdempotencyKeysService {
     const waited = !locked;
     for (let round = 0; round < MAX_CLAIM_ROUNDS; round++) {
       if (!row) return { kind: 'claimed' };
-      const record = toRecord(row);
+      const record = toRecord(row, this.cipher);
       if (!record.expired || !record.response) return { kind: 'existing', record, waited };
       const [taken] = await this.db.query<{ id: string }>(TAKE_OVER_EXPIRED_KEY, [
         ...key,
@@ -170,19 +177,24 @@ export class IdempotencyKeysService {
         scope.fingerprint,
         scope.method,
         scope.path,
-        response.status,
-        response.headers,
-        response.body,
+        ...this.newRowAnswerParams(response),
         this.options.ttlSeconds,
       ]);
       return;
     }
     await this.db.query(
       `UPDATE idempotency_keys
-          SET state = 'completed', response_status = $2, response_headers = $3, response_body = $4, completed_at = now()
+          SET state = 'completed', response_status = $2, response_headers = $3, response_body = $4, completed_at = now(),
+              response_key_id = $5, response_sealed = $6
         WHERE id = $1`,
-      [claim.id, response.status, response.headers, response.body],
+      [claim.id, ...answerParams(this.cipher.columnsOf(claim.id, response))],
     );
+  }
+
+  /** $6–$11 of INSERT_COMPLETED_KEY: the answer's columns and the new row's id, chosen here since a sealed answer is bound to its row. */
+  private newRowAnswerParams(response: StoredResponse): unknown[] {
+    const id = randomUUID();
+    return [...answerParams(this.cipher.columnsOf(id, response)), id];
   }
 
   /**

@@ -2,6 +2,7 @@ import { ConfigurableModuleBuilder, type HttpException } from '@nestjs/common';
 import { defaultProblemType } from './idempotency-key-header.js';
 import type { PrometheusRegistry } from './idempotency-metrics.js';
 import { type Problem, problemOf } from './problem-details.js';
+import { type ResolvedResponseEncryption, resolveResponseEncryption, type ResponseEncryption } from './stored-response-cipher.js';
 
 /** What a request looks like to the layer, on Express or Fastify alike. */
 export interface IdempotentRequest {
@@ -46,11 +47,17 @@ export interface IdempotencyModuleOptions {
    * it is a ProblemDetailsException).
    */
   renderError?: (error: HttpException) => { problem: Problem; headers: Record<string, string> };
+  /**
+   * Stored answers (and the replay cache's copies) sealed with AES-256-GCM: `{ keys: { k2: …, k1: … }, current: 'k2' }`,
+   * 32 random bytes per key. Keep a key in `keys` until the answers it sealed have expired (ttlSeconds). Default off.
+   */
+  responseEncryption?: ResponseEncryption | false;
 }
 
 /** The options with every default filled in: what the layer's services read. */
-export interface ResolvedIdempotencyOptions extends Required<Omit<IdempotencyModuleOptions, 'metrics'>> {
+export interface ResolvedIdempotencyOptions extends Required<Omit<IdempotencyModuleOptions, 'metrics' | 'responseEncryption'>> {
   metrics: PrometheusRegistry | false;
+  responseEncryption: ResolvedResponseEncryption | false;
 }
 
 export const DEFAULT_REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'retry-after'] as const;
@@ -70,6 +77,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     preparedStatements: options.preparedStatements ?? true,
     problemType: options.problemType ?? defaultProblemType,
     renderError: options.renderError ?? problemOf,
+    responseEncryption: resolveResponseEncryption(options.responseEncryption),
   };
 }
 

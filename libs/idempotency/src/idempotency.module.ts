@@ -17,6 +17,7 @@ import {
 import { IdempotencyProblems } from './idempotency-problems.js';
 import { KeyLines } from './key-lines.js';
 import { ReplayCache } from './replay-cache.js';
+import { StoredResponseCipher } from './stored-response-cipher.js';
 
 /** Bounds the replay cache's memory whatever the bodies weigh: 10 000 typical answers are a few MB. */
 const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
@@ -41,8 +42,10 @@ const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
     },
     {
       provide: ReplayCache,
-      useFactory: (options: ResolvedIdempotencyOptions) => new ReplayCache(options.replayCacheEntries, REPLAY_CACHE_MAX_BYTES),
-      inject: [IDEMPOTENCY_OPTIONS],
+      // With encryption on, the cache holds sealed answers too.
+      useFactory: (options: ResolvedIdempotencyOptions, cipher: StoredResponseCipher) =>
+        new ReplayCache(options.replayCacheEntries, REPLAY_CACHE_MAX_BYTES, undefined, cipher),
+      inject: [IDEMPOTENCY_OPTIONS, StoredResponseCipher],
     },
     {
       // The one thing the layer changes outside itself, and only on this DataSource: its createQueryRunner, so the
@@ -57,6 +60,11 @@ const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
     KeyLines,
     AtomicPhases,
     IdempotencyInterceptor,
+    {
+      provide: StoredResponseCipher,
+      useFactory: (options: ResolvedIdempotencyOptions) => new StoredResponseCipher(options.responseEncryption, options.problemType),
+      inject: [IDEMPOTENCY_OPTIONS],
+    },
   ],
   exports: [
     IDEMPOTENCY_OPTIONS,
@@ -67,6 +75,7 @@ const REPLAY_CACHE_MAX_BYTES = 32 * 1024 * 1024;
     IdempotencyKeyReaper,
     KeyLines,
     ReplayCache,
+    StoredResponseCipher,
     AtomicPhases,
     IdempotencyInterceptor,
   ],
