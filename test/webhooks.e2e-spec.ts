@@ -5,7 +5,7 @@ import { Webhook } from 'standardwebhooks';
 import request from 'supertest';
 import type { PspCallResult, PspRefund, RefundRequest } from '../src/psp-client/psp-client';
 import { PspClient } from '../src/psp-client/psp-client';
-import { LateChargeRefunder } from '../src/payments/late-charge-refunder';
+import { LATE_REFUND_RETRY_FIRST_SECONDS, LATE_REFUND_RETRY_MAX_SECONDS, LateChargeRefunder } from '../src/payments/late-charge-refunder';
 import { LATE_REFUND_ALERT_ATTEMPTS } from '../src/payments/payment-metrics';
 import { ProcessedWebhookEventReaper } from '../src/webhooks/processed-webhook-event-reaper';
 import { ALICE, bearer, startTestApp, type TestApp } from './support/test-app';
@@ -572,6 +572,47 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
         error.mockRestore();
       }
       // Settled so that the refunder's own tick leaves it alone for the tests after this one.
+      await t.app.get(LateChargeRefunder).settle(pending.id, 'succeeded', `re_${pending.id.slice(0, 8)}`, null);
+    });
+
+    it('each unknown outcome schedules the next attempt at a doubling delay that grows to LATE_REFUND_RETRY_MAX_SECONDS, not capped at the claim', async () => {
+      answer = () => ({ kind: 'unknown', reason: 'timeout' });
+      const p = await orderWithPayment('failed');
+      expect((await deliver(chargeEvent('charge.succeeded', p))).body.outcome).toBe('applied');
+      const [pending] = await until(
+        () => lateRefunds(p.paymentId),
+        (rows) => rows[0]?.attempts === 1 && calls.length === 1,
+      );
+      // The first attempt (in the background) has recorded its unknown outcome once the claim's minute is cut short.
+      await until(
+        () =>
+          t.db.query(`SELECT next_attempt_at < now() + interval '30 seconds' AS recorded FROM late_charge_refunds WHERE id = $1`, [
+            pending.id,
+          ]),
+        (result) => result.rows[0].recorded === true,
+      );
+      const scheduledInSeconds = async () =>
+        Number(
+          (
+            await t.db.query(`SELECT extract(epoch FROM next_attempt_at - now())::float8 AS s FROM late_charge_refunds WHERE id = $1`, [
+              pending.id,
+            ])
+          ).rows[0].s,
+        );
+      const seen: [number, number][] = [];
+      const expected: [number, number][] = [];
+      for (let attempts = 1; attempts <= 9; attempts++) {
+        if (attempts > 1) {
+          await t.db.query(`UPDATE late_charge_refunds SET next_attempt_at = now() WHERE id = $1`, [pending.id]);
+          expect([attempts, await t.app.get(LateChargeRefunder).attempt(pending.id)]).toEqual([attempts, true]);
+        }
+        // Whole seconds: the statements' clocks differ by the time between them, well under one.
+        seen.push([attempts, Math.round(await scheduledInSeconds())]);
+        expected.push([attempts, Math.min(LATE_REFUND_RETRY_MAX_SECONDS, LATE_REFUND_RETRY_FIRST_SECONDS * 2 ** (attempts - 1))]);
+      }
+      // 5, 10, 20, 40, 80, 160, 320, 600, 600 s.
+      expect(seen).toEqual(expected);
+      expect(expected[expected.length - 1][1]).toBe(LATE_REFUND_RETRY_MAX_SECONDS);
       await t.app.get(LateChargeRefunder).settle(pending.id, 'succeeded', `re_${pending.id.slice(0, 8)}`, null);
     });
 

@@ -20,7 +20,7 @@ const RETRY_BATCH = 20;
 export const LATE_REFUND_TICK_MS = 2_000;
 /** After an attempt whose outcome is unknown: the next one this long after, doubling per attempt, up to LATE_REFUND_RETRY_MAX_SECONDS. */
 export const LATE_REFUND_RETRY_FIRST_SECONDS = 5;
-const LATE_REFUND_RETRY_MAX_SECONDS = 600;
+export const LATE_REFUND_RETRY_MAX_SECONDS = 600;
 /** Shutdown waits this long at most for a call in flight; its outcome is then learnt by the next attempt under the same key. */
 const STOP_WAIT_MS = 3_000;
 
@@ -172,10 +172,12 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
   /** Not known whether it was refunded: stays pending, tried again under the same key after the backoff; alerted once past the bound. */
   private async unknown(row: LateRefundRow, log: Record<string, string>, result: PspCallResult<PspRefund>): Promise<void> {
     const retryInSeconds = Math.min(LATE_REFUND_RETRY_MAX_SECONDS, LATE_REFUND_RETRY_FIRST_SECONDS * 2 ** Math.min(row.attempts - 1, 16));
-    // Only while this attempt's claim stands (it is the one that set next_attempt_at): sooner than the claim's end.
+    // Only while this attempt's claim stands (no later claim has counted another attempt); the backoff replaces the
+    // claim's end, so it can grow past the claim's minute to the maximum.
     await this.db.query(
-      `UPDATE late_charge_refunds SET next_attempt_at = least(next_attempt_at, now() + make_interval(secs => $2)), updated_at = now() WHERE id = $1 AND status = 'pending'`,
-      [row.id, retryInSeconds],
+      `UPDATE late_charge_refunds SET next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
+        WHERE id = $1 AND status = 'pending' AND attempts = $3`,
+      [row.id, retryInSeconds, row.attempts],
     );
     this.metrics.lateChargeRefunds.inc({ outcome: 'unknown' });
     const fields = { ...log, attempts: row.attempts, retryInSeconds, result };

@@ -63,6 +63,16 @@ async function outcomes(consumer: ServiceProcess): Promise<Record<string, number
   return counts;
 }
 
+/** `idempotent_messages_held` of one consumer process: deliveries it holds unsettled while the database is unavailable. */
+async function heldNow(consumer: ServiceProcess): Promise<number | undefined> {
+  const text = await (await fetch(`${consumer.url}/metrics`)).text();
+  const found = /^idempotent_messages_held\{consumer="fulfilment"\} (\d+)$/m.exec(text);
+  return found ? Number(found[1]) : undefined;
+}
+
+/** Lines of a consumer's output that contain every one of `parts`. */
+const linesWith = (output: string, ...parts: string[]) => output.split('\n').filter((line) => parts.every((p) => line.includes(p))).length;
+
 describe('fulfilment: one effect per order event, through RabbitMQ', () => {
   let broker: RabbitMq;
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
@@ -452,4 +462,157 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     ).toBe(40);
     expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
   }, 120_000);
+
+  describe('failures of the database, not of the message', () => {
+    // The schema and the queues exist once a consumer has started (these tests may run alone, with -t).
+    beforeAll(async () => {
+      await (await startConsumer()).kill('SIGTERM');
+      consumers.length = 0;
+    }, 60_000);
+    beforeEach(purgeDeadLetters, 30_000);
+
+    it('the database refuses connections (53300, the role at its CONNECTION LIMIT): good messages are held, not dead-lettered; all applied after', async () => {
+      // The consumer logs in as a role of its own, whose connection limit the test can take away.
+      const role = `fulfilment_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+      await db.query(`CREATE ROLE ${role} LOGIN PASSWORD 'limited'`);
+      await db.query(`GRANT USAGE ON SCHEMA fulfilment TO ${role}`);
+      await db.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fulfilment, public TO ${role}`);
+      const url = new URL(database.url);
+      url.username = role;
+      url.password = 'limited';
+      try {
+        const consumer = await startConsumer({ DATABASE_URL: url.toString() });
+        const events = Array.from({ length: 40 }, () => orderEvent('order.paid', randomUUID(), 2));
+        const orderIds = events.map((e) => e.orderId);
+        events.slice(0, 10).forEach((event) => publisher.publish(event));
+        await publisher.confirmed();
+        await until('the first events applied', 30_000, async () => (await shipments(orderIds)) === 10);
+
+        // No new connection for the role, and its open ones cut: every connect is refused with 53300.
+        await db.query(`ALTER ROLE ${role} CONNECTION LIMIT 0`);
+        await db.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, [role]);
+        events.slice(10).forEach((event) => publisher.publish(event));
+        await publisher.confirmed();
+        // Held and tried again more often, all told, than MAX_ATTEMPTS each: counted against the messages, they would be
+        // dead-lettered by now.
+        await until('the held deliveries refused more than MAX_ATTEMPTS times each', 30_000, () =>
+          Promise.resolve(linesWith(consumer.output(), 'the message is held', 'too many connections') >= 20 * (MAX_ATTEMPTS + 1)),
+        ).catch((err: Error) => {
+          throw new Error(`${err.message}\n${consumer.output().slice(-3000)}`);
+        });
+        await db.query(`ALTER ROLE ${role} CONNECTION LIMIT -1`);
+
+        await until('all 40 applied', 60_000, async () => (await shipments(orderIds)) === 40);
+        await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+        expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
+        expect(await outcomes(consumer)).toEqual({ applied: 40 });
+        expect(await heldNow(consumer)).toBe(0);
+      } finally {
+        await stopConsumers();
+        await db.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, [role]);
+        await db.query(`DROP OWNED BY ${role}`);
+        await db.query(`DROP ROLE ${role}`);
+      }
+    }, 120_000);
+
+    it(`a message whose effect always meets a lock timeout, or a deadlock, is dead-lettered after ${MAX_ATTEMPTS} attempts while the others flow`, async () => {
+      const [locked, deadlocked] = [orderEvent('order.paid', randomUUID(), 2), orderEvent('order.paid', randomUUID(), 2)];
+      // The effect of `locked` waits for an advisory lock the test holds, under a 50 ms lock_timeout: a real 55P03 every
+      // time. That of `deadlocked` is refused with deadlock_detected every time, as a deadlock its own writes cause would be.
+      await db.query(`
+      CREATE FUNCTION fulfilment.test_contended() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.order_id = '${locked.orderId}' THEN
+          PERFORM set_config('lock_timeout', '50ms', true);
+          PERFORM pg_advisory_xact_lock(424242);
+        ELSIF NEW.order_id = '${deadlocked.orderId}' THEN
+          RAISE EXCEPTION 'deadlock detected (every time, for this order)' USING ERRCODE = 'deadlock_detected';
+        END IF;
+        RETURN NEW;
+      END $$`);
+      await db.query(
+        `CREATE TRIGGER test_contended BEFORE INSERT OR UPDATE ON fulfilment.shipments FOR EACH ROW EXECUTE FUNCTION fulfilment.test_contended()`,
+      );
+      const holder: PoolClient = await db.connect();
+      try {
+        await holder.query(`SELECT pg_advisory_lock(424242)`);
+        const consumer = await startConsumer();
+        const good = Array.from({ length: 30 }, () => orderEvent('order.paid', randomUUID(), 2));
+        good.slice(0, 15).forEach((event) => publisher.publish(event));
+        publisher.publish(locked);
+        publisher.publish(deadlocked);
+        good.slice(15).forEach((event) => publisher.publish(event));
+        await publisher.confirmed();
+
+        await until('the good events applied', 30_000, async () => (await shipments(good.map((e) => e.orderId))) === 30);
+        await broker.untilQueueDepth(DEAD, { ready: 2, unacked: 0 }, 60_000).catch((err: Error) => {
+          throw new Error(`${err.message}\n${consumer.output().slice(-3000)}`);
+        });
+        await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+        expect(await outcomes(consumer)).toEqual({ applied: 30, retried: 2 * (MAX_ATTEMPTS - 1), 'dead-lettered': 2 });
+        expect(linesWith(consumer.output(), 'message dead-lettered', locked.eventId, 'lock timeout')).toBe(1);
+        expect(linesWith(consumer.output(), 'message dead-lettered', deadlocked.eventId, 'deadlock detected')).toBe(1);
+        expect(await shipments([locked.orderId, deadlocked.orderId])).toBe(0);
+        expect(await heldNow(consumer)).toBe(0);
+      } finally {
+        await stopConsumers();
+        await holder.query(`SELECT pg_advisory_unlock(424242)`).catch(() => undefined);
+        holder.release();
+        await db.query(`DROP TRIGGER test_contended ON fulfilment.shipments`);
+        await db.query(`DROP FUNCTION fulfilment.test_contended()`);
+      }
+    }, 120_000);
+
+    it('deliveries held through a database outage are dropped when their channel closes: broker flaps do not pile them up, each message applied once', async () => {
+      const relay = await databaseRelay(new URL(database.url));
+      try {
+        const consumer = await startConsumer({ DATABASE_URL: relay.url, FULFILMENT_PREFETCH: '10' });
+        const events = Array.from({ length: 30 }, () => orderEvent('order.paid', randomUUID(), 2));
+        const orderIds = events.map((e) => e.orderId);
+        events.slice(0, 5).forEach((event) => publisher.publish(event));
+        await publisher.confirmed();
+        await until('the first events applied', 30_000, async () => (await shipments(orderIds)) === 5);
+
+        await relay.cut();
+        events.slice(5).forEach((event) => publisher.publish(event));
+        await publisher.confirmed();
+        await until('a prefetch of deliveries held', 30_000, async () => (await heldNow(consumer)) === 10);
+        for (let flap = 1; flap <= 3; flap++) {
+          // The broker takes the held deliveries back and delivers them again on the consumer's new connection.
+          await broker.closeAllConnections();
+          await until(
+            `the redeliveries held after flap ${flap}`,
+            60_000,
+            async () =>
+              linesWith(consumer.output(), 'the channel closed while the message was held') >= 10 * flap &&
+              (await heldNow(consumer)) === 10,
+          ).catch(async (err: Error) => {
+            throw new Error(`${err.message} (held ${await heldNow(consumer)})\n${consumer.output().slice(-3000)}`);
+          });
+        }
+        // The flaps closed the test's publisher too.
+        publisher = await orderEventsPublisher(broker.url);
+        await relay.restore();
+
+        await until('all 30 applied', 60_000, async () => (await shipments(orderIds)) === 30);
+        await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+        await until('30 deliveries settled', 30_000, async () => (await outcomes(consumer)).applied === 30);
+        // Only the live deliveries committed: none held for a dead channel committed first and left the live one a duplicate.
+        const { dropped, ...settled } = await outcomes(consumer);
+        expect(settled).toEqual({ applied: 30 });
+        expect(dropped).toBeGreaterThanOrEqual(30);
+        expect(consumer.output()).not.toContain('could not settle the message');
+        expect(await heldNow(consumer)).toBe(0);
+        expect(
+          await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = ANY($1)`, [
+            events.map((e) => e.eventId),
+          ]),
+        ).toBe(30);
+        expect(await broker.queueDepth(DEAD)).toEqual({ ready: 0, unacked: 0 });
+      } finally {
+        await stopConsumers();
+        await relay.cut();
+      }
+    }, 180_000);
+  });
 });

@@ -13,6 +13,7 @@ interface Instruments {
   messages: { inc(labels: { consumer: string; outcome: string }): void };
   wait: { observe(seconds: number): void };
   waiting: { inc(): void; dec(): void };
+  held: { inc(labels: { consumer: string }): void; dec(labels: { consumer: string }): void };
 }
 
 interface MetricConfig {
@@ -27,7 +28,7 @@ interface MetricConfig {
 interface PromClient {
   Counter: new (config: MetricConfig) => Instruments['requests'] & Instruments['messages'];
   Histogram: new (config: MetricConfig) => Instruments['wait'];
-  Gauge: new (config: MetricConfig) => Instruments['waiting'];
+  Gauge: new (config: MetricConfig) => Instruments['waiting'] & Instruments['held'];
 }
 
 /** A name in a variable: TypeScript does not resolve it, so the import compiles where prom-client is not installed. */
@@ -38,6 +39,7 @@ const NO_INSTRUMENTS: Instruments = {
   messages: { inc: () => undefined },
   wait: { observe: () => undefined },
   waiting: { inc: () => undefined, dec: () => undefined },
+  held: { inc: () => undefined, dec: () => undefined },
 };
 
 /** What the Idempotency-Key layer reports: each outcome logged with client and key and counted, and the waits. */
@@ -60,7 +62,7 @@ export class IdempotencyMetrics {
       }),
       messages: new Counter({
         name: 'idempotent_messages_total',
-        help: 'Messages handled by @IdempotentMessage consumers, by outcome: applied, duplicate (mark found: acked, no effect), retried, dead-lettered',
+        help: 'Messages handled by @IdempotentMessage consumers, by outcome: applied, duplicate (mark found: acked, no effect), retried, dead-lettered, dropped (its channel closed while it was held: the broker delivers it again)',
         labelNames: ['consumer', 'outcome'],
         registers,
       }),
@@ -75,12 +77,23 @@ export class IdempotencyMetrics {
         help: 'Duplicates waiting in this process, in memory, for an earlier request with the same key to finish',
         registers,
       }),
+      held: new Gauge({
+        name: 'idempotent_messages_held',
+        help: 'Deliveries an @IdempotentMessage consumer holds unsettled while the database is unavailable (at most its prefetch per channel)',
+        labelNames: ['consumer'],
+        registers,
+      }),
     });
   }
 
   /** A message handler's outcome (`@IdempotentMessage`), counted per consumer. */
   noteMessage(consumer: string, outcome: string): void {
     this.instruments.messages.inc({ consumer, outcome });
+  }
+
+  /** Deliveries held (unsettled, tried again) while the database is unavailable, per consumer. */
+  get held(): Instruments['held'] {
+    return this.instruments.held;
   }
 
   get wait(): Instruments['wait'] {

@@ -14,7 +14,7 @@ import { Reflector } from '@nestjs/core';
 import { from, lastValueFrom, type Observable } from 'rxjs';
 import type { QueryRunner } from 'typeorm';
 import { Database, PoolExhaustedError } from './database.js';
-import { isDatabaseUnavailable, isTransientConflict } from './pg-errors.js';
+import { isContention, isDatabaseUnavailable } from './pg-errors.js';
 import { deleteInBatches } from './delete-in-batches.js';
 import { IdempotencyMetrics } from './idempotency-metrics.js';
 
@@ -34,6 +34,14 @@ export const IDEMPOTENT_MESSAGE = Symbol('IDEMPOTENT_MESSAGE');
 // Backoff while the database is unavailable: quick for a blip, at most one try per 5 s per held message during an outage.
 const HOLD_FIRST_MS = 100;
 const HOLD_MAX_MS = 5_000;
+/**
+ * Tries of one delivery that meets a lock timeout, deadlock, serialization failure or statement cancel (isContention)
+ * before it is sent back (nack) as a failed attempt: a blip passes within them, and a message whose effect meets one
+ * every time uses up its attempts and is dead-lettered instead of being held forever.
+ */
+const CONTENDED_TRIES_PER_DELIVERY = 3;
+/** A held delivery whose channel closed: not settled (it cannot be), the broker delivers it again on a new channel. */
+const DROPPED = Symbol('dropped');
 const IDENTIFIER = /^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$/;
 
 /** What the layer needs of the transport's context: RmqContext of @nestjs/microservices has exactly these. */
@@ -48,6 +56,14 @@ interface AmqpMessage {
 interface AmqpChannel {
   ack(message: unknown): void;
   nack(message: unknown, allUpTo?: boolean, requeue?: boolean): void;
+  /** amqplib's channel is an EventEmitter: its 'close' says that its unsettled deliveries went back to the queue. */
+  once?(event: 'close', listener: () => void): unknown;
+}
+
+/** A channel as the held deliveries see it: closed or not, and who to wake when it closes. */
+interface WatchedChannel {
+  closed: boolean;
+  wake: Set<() => void>;
 }
 
 export type MessageOutcome = 'applied' | 'duplicate' | 'retried' | 'dead-lettered';
@@ -134,12 +150,16 @@ function described(fields: Record<string, unknown>): string {
     .join(', ');
 }
 
-/** Errors that say nothing about the message: the database away, the pool exhausted, a lock wait or deadlock lost. */
-const notTheMessages = (err: unknown) => isDatabaseUnavailable(err) || err instanceof PoolExhaustedError || isTransientConflict(err);
+/** The database away, refusing connections, or no connection free: nothing about the message, held for as long as it lasts. */
+const databaseUnavailable = (err: unknown) => isDatabaseUnavailable(err) || err instanceof PoolExhaustedError;
+/** Errors that need not be the message's: the database unavailable, a lock wait, deadlock or statement lost. */
+const notTheMessages = (err: unknown) => databaseUnavailable(err) || isContention(err);
 
 @Injectable()
 export class IdempotentMessageInterceptor implements NestInterceptor {
   private readonly logger = new Logger('IdempotentMessage');
+  /** Each channel deliveries came on, watched once for its close (weakly: a closed channel is let go). */
+  private readonly channels = new WeakMap<AmqpChannel, WatchedChannel>();
 
   constructor(
     private readonly reflector: Reflector,
@@ -170,6 +190,7 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
       this.settle(channel, message, 'dead-lettered', consumer, { attempt }, 'a message without an id cannot be deduplicated');
       return Promise.resolve();
     }
+    this.watch(channel);
     return new Promise<void>((done) => {
       const delivery: Delivery = { options, messageId, attempt, message, channel, next, done };
       const batch = options.batch ?? this.defaults?.batch;
@@ -183,7 +204,7 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
     const { options, messageId, attempt, message, channel, next } = delivery;
     const { consumer, table } = options;
     try {
-      const applied = await this.whileDatabaseUnavailable({ consumer, messageId }, () =>
+      const applied = await this.whileNotTheMessages(delivery, () =>
         this.db.transaction(async () => {
           // The claim first: a concurrent delivery of the same id waits here for this transaction, then sees the mark.
           const claimed = await this.db.query(claimMessageStatement(table), [consumer, messageId]);
@@ -192,6 +213,14 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
           return true;
         }),
       );
+      if (applied === DROPPED) {
+        // Its channel closed while it was held: the broker has it back and delivers it again; nothing was committed.
+        this.logger.warn(
+          `the channel closed while the message was held: dropped, the broker delivers it again (${described({ consumer, messageId, attempt })})`,
+        );
+        this.metrics.noteMessage(consumer, 'dropped');
+        return;
+      }
       // Only now, after COMMIT: a crash before this line redelivers the message, which then finds its mark.
       this.settle(channel, message, applied ? 'applied' : 'duplicate', consumer, { messageId, attempt });
     } catch (err) {
@@ -310,18 +339,68 @@ export class IdempotentMessageInterceptor implements NestInterceptor {
 
   /**
    * Runs the transaction again, holding the delivery (unacked: the prefetch bounds how many are held), while the
-   * database is unreachable, the pool exhausted or a lock lost: those say nothing about the message, so they must
-   * not use up its attempts and dead-letter good messages during an outage. Any other error is the message's.
+   * database is unreachable, refuses connections or has none free: those say nothing about the message, so they must
+   * not use up its attempts and dead-letter good messages during an outage. A lock timeout, deadlock, serialization
+   * failure or cancelled statement is tried CONTENDED_TRIES_PER_DELIVERY times, then thrown as the message's failure
+   * (counted by the broker's delivery count). Any other error is the message's at once. A delivery whose channel
+   * closes while it is held is DROPPED: the broker has taken it back, and holding it on would only pile up a
+   * prefetch's worth of dead deliveries per broker flap.
    */
-  private async whileDatabaseUnavailable<T>(fields: Record<string, unknown>, run: () => Promise<T>): Promise<T> {
-    for (let wait = HOLD_FIRST_MS; ; wait = Math.min(wait * 2, HOLD_MAX_MS)) {
-      try {
-        return await run();
-      } catch (err) {
-        if (!notTheMessages(err)) throw err;
-        this.logger.warn(`database unavailable: the message is held and tried again (${described({ ...fields, err, retryInMs: wait })})`);
-        await new Promise((resolve) => setTimeout(resolve, wait));
+  private async whileNotTheMessages<T>(delivery: Delivery, run: () => Promise<T>): Promise<T | typeof DROPPED> {
+    const { consumer } = delivery.options;
+    const watched = this.watch(delivery.channel);
+    let contended = 0;
+    let held = false;
+    try {
+      for (let wait = HOLD_FIRST_MS; ; wait = Math.min(wait * 2, HOLD_MAX_MS)) {
+        try {
+          return await run();
+        } catch (err) {
+          const unavailable = databaseUnavailable(err);
+          if (!unavailable && !(isContention(err) && ++contended < CONTENDED_TRIES_PER_DELIVERY)) throw err;
+          if (watched.closed) return DROPPED;
+          if (!held) this.metrics.held.inc({ consumer });
+          held = true;
+          const fields = { consumer, messageId: delivery.messageId, err, retryInMs: wait };
+          if (unavailable) this.logger.warn(`database unavailable: the message is held and tried again (${described(fields)})`);
+          else
+            this.logger.warn(
+              `the message met a lock, deadlock or cancel (try ${contended} of ${CONTENDED_TRIES_PER_DELIVERY}): tried again (${described(fields)})`,
+            );
+          await this.pause(wait, watched);
+          if (watched.closed) return DROPPED;
+        }
       }
+    } finally {
+      if (held) this.metrics.held.dec({ consumer });
+    }
+  }
+
+  /** The channel's watch, set up the first time a delivery of it is seen. */
+  private watch(channel: AmqpChannel): WatchedChannel {
+    let watched = this.channels.get(channel);
+    if (!watched) {
+      const created: WatchedChannel = { closed: false, wake: new Set() };
+      channel.once?.('close', () => {
+        created.closed = true;
+        for (const wake of created.wake) wake();
+      });
+      this.channels.set(channel, (watched = created));
+    }
+    return watched;
+  }
+
+  /** Waits `ms`, or less if the channel closes meanwhile. */
+  private async pause(ms: number, watched: WatchedChannel): Promise<void> {
+    let wake!: () => void;
+    const woken = new Promise<void>((resolve) => (wake = resolve));
+    const timer = setTimeout(wake, ms);
+    watched.wake.add(wake);
+    try {
+      await woken;
+    } finally {
+      clearTimeout(timer);
+      watched.wake.delete(wake);
     }
   }
 

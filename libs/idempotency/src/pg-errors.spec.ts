@@ -4,7 +4,7 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Client } from 'pg';
-import { isDatabaseUnavailable } from './pg-errors.js';
+import { isContention, isDatabaseUnavailable } from './pg-errors.js';
 
 /** What pg itself raises when it connects to `host`/`port` (a socket folder or an address); the connect must fail. */
 async function connectError(host: string, port: number): Promise<unknown> {
@@ -63,5 +63,37 @@ describe('isDatabaseUnavailable on what pg raises for each transport', () => {
   it('an ENOENT that is not a connect (a missing file) is not an outage', () => {
     const err = Object.assign(new Error('ENOENT: no such file or directory'), { code: 'ENOENT', syscall: 'open', path: '/x' });
     expect(isDatabaseUnavailable(err)).toBe(false);
+  });
+});
+
+describe('which server errors are an outage and which are contention', () => {
+  // As pg raises them: a DatabaseError with the server's severity and SQLSTATE.
+  const serverError = (code: string, severity = 'FATAL') => Object.assign(new Error(`server says ${code}`), { code, severity });
+
+  it.each([
+    ['53300', 'too many connections (max_connections or a CONNECTION LIMIT)'],
+    ['53100', 'disk full'],
+    ['28P01', 'password refused'],
+    ['28000', 'refused by pg_hba.conf'],
+    ['3D000', 'database does not exist'],
+    ['57P01', 'server shutting down'],
+  ])('%s (%s): the database unavailable, nothing about the work', (code) => {
+    expect(isDatabaseUnavailable(serverError(code))).toBe(true);
+    expect(isContention(serverError(code, 'ERROR'))).toBe(false);
+  });
+
+  it.each([
+    ['55P03', 'lock timeout'],
+    ['40P01', 'deadlock'],
+    ['40001', 'serialization failure'],
+    ['57014', 'statement cancelled (statement_timeout or pg_cancel_backend)'],
+  ])('%s (%s): contention, which the work itself may cause every time', (code) => {
+    expect(isContention(serverError(code, 'ERROR'))).toBe(true);
+    expect(isDatabaseUnavailable(serverError(code, 'ERROR'))).toBe(false);
+  });
+
+  it('a unique violation is neither', () => {
+    expect(isDatabaseUnavailable(serverError('23505', 'ERROR'))).toBe(false);
+    expect(isContention(serverError('23505', 'ERROR'))).toBe(false);
   });
 });

@@ -14,7 +14,32 @@ export const PG = {
   cannotConnectNow: '57P03',
   /** feature_not_supported: among others, a prepared statement whose result columns a schema change altered. */
   featureNotSupported: '0A000',
+  /** The server's max_connections, or the role's or database's CONNECTION LIMIT, is reached: a connect is refused. */
+  tooManyConnections: '53300',
+  /** The server cannot extend a file: every write fails until space is freed. */
+  diskFull: '53100',
+  /** The connect's password was refused (a rotation half-done, a wrong secret). */
+  invalidPassword: '28P01',
+  /** The connect was refused by pg_hba.conf or the role may not log in. */
+  invalidAuthorization: '28000',
+  /** The connect named a database that does not exist (not yet created, being restored or renamed). */
+  invalidCatalogName: '3D000',
+  /** A statement cancelled: statement_timeout, or pg_cancel_backend. */
+  queryCanceled: '57014',
 } as const;
+
+/**
+ * The server refused the connection or the write for a reason of its own: its connection slots, its disk, its
+ * credentials or its database. Whatever was asked is not the cause, and the same request succeeds once an operator
+ * (or a pool elsewhere letting go) fixes it; it is an outage to wait out, not a fault of the request.
+ */
+const SERVER_REFUSALS = new Set<string>([
+  PG.tooManyConnections,
+  PG.diskFull,
+  PG.invalidPassword,
+  PG.invalidAuthorization,
+  PG.invalidCatalogName,
+]);
 
 /** SQLSTATE class 08, connection exceptions (the connection failed or was lost). */
 const CONNECTION_EXCEPTION_CLASS = '08';
@@ -83,6 +108,17 @@ export function isTransientConflict(err: unknown): boolean {
 }
 
 /**
+ * What a retry may get past, though the work itself can be the cause every time: a lock wait past lock_timeout, a
+ * deadlock, a serialization failure (isTransientConflict), or a statement cancelled — by statement_timeout (work
+ * that always runs too long) or by an operator's pg_cancel_backend (PostgreSQL's message tells them apart, its code
+ * does not). A consumer retries these a bounded number of times and counts them against the message, so a message
+ * whose effect always meets one is dead-lettered in the end instead of held forever.
+ */
+export function isContention(err: unknown): boolean {
+  return isTransientConflict(err) || pgErrorCode(err) === PG.queryCanceled;
+}
+
+/**
  * "cached plan must not change result type": a column was added, dropped or retyped under a named
  * statement this connection prepared, and the statement's result would change. Every later use of it
  * on that connection fails the same way until its statement cache is discarded (Database does).
@@ -110,14 +146,15 @@ function isUnreachable(err: unknown): boolean {
     if (UNREACHABLE_SOCKET_CODES.has(code)) return true;
     if (UNREACHABLE_CONNECT_CODES.has(code) && 'syscall' in err && err.syscall === 'connect') return true;
     if (code === PG.adminShutdown || code === PG.crashShutdown || code === PG.cannotConnectNow) return true;
-    if ('severity' in err && code.startsWith(CONNECTION_EXCEPTION_CLASS)) return true;
+    if ('severity' in err && (code.startsWith(CONNECTION_EXCEPTION_CLASS) || SERVER_REFUSALS.has(code))) return true;
   }
   return err instanceof Error && LOST_CONNECTION_MESSAGES.some((m) => m.test(err.message));
 }
 
 /**
  * The database cannot be reached, or the connection was lost under the request: the server is
- * down, restarting or failing over. Nothing the request did was committed unless a COMMIT itself
+ * down, restarting or failing over, or refuses the connection (SERVER_REFUSALS: no slot left, a
+ * password refused, the database missing). Nothing the request did was committed unless a COMMIT itself
  * was cut off — which an Idempotency-Key retry resolves. Answered 503 + Retry-After, not 500.
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
