@@ -8,8 +8,9 @@
  *
  * DEMO_URL=http://localhost:3000 walks a running service (DEMO_API_KEY, default the dev key; the
  * webhook step needs DEMO_WEBHOOK_SECRET, else it is skipped). Without DEMO_URL the built service
- * (dist/src/main.js) is started on an embedded PostgreSQL in a temp folder, and stopped at the end,
- * also on an error or Ctrl-C. Colour when stdout is a terminal and NO_COLOR is unset.
+ * (dist/src/main.js) is started with `npm start`'s settings on an embedded PostgreSQL in a temp folder, and
+ * stopped at the end, also on an error or Ctrl-C. Colour when stdout is a terminal and NO_COLOR is unset.
+ * No step waits on a clock for its outcome: a duplicate is sent once the first request is seen in flight.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomUUID } from 'node:crypto';
@@ -150,6 +151,32 @@ function shows(text: string, page: string): void {
 
 const note = (text: string) => out(`  ${dim(text)}`);
 const sha = (text: string) => createHash('sha256').update(text).digest('hex').slice(0, 12);
+
+/** How often, and for how long at most, the demo asks whether a request it sent is in flight yet. */
+const IN_FLIGHT_POLL_MS = 20;
+const IN_FLIGHT_DEADLINE_MS = 30_000;
+
+/**
+ * Asks GET `orderPayments` until a pending payment shows: the request in `sent` has claimed its key and recorded its
+ * payment, and is now at the provider. A mismatch when `sent` answers first (nothing was seen in flight) or never shows.
+ */
+async function untilInFlight(orderPayments: string, sent: Promise<Res>): Promise<{ answer: Res; paymentId: string }> {
+  let answered = false;
+  void sent.then(
+    () => (answered = true),
+    () => (answered = true),
+  );
+  const deadline = Date.now() + IN_FLIGHT_DEADLINE_MS;
+  for (;;) {
+    const answer = await call({ method: 'GET', path: orderPayments, quiet: true });
+    const items = (JSON.parse(answer.text || '{}') as { items?: { id: string; status: string }[] }).items ?? [];
+    const pending = items.find((p) => p.status === 'pending');
+    if (pending) return { answer, paymentId: pending.id };
+    check(!answered, 'expected the first request to be seen in flight, but it answered first');
+    check(Date.now() < deadline, `expected a pending payment within ${IN_FLIGHT_DEADLINE_MS / 1000} s`);
+    await sleep(IN_FLIGHT_POLL_MS);
+  }
+}
 
 // ---------- the walk ----------
 
@@ -323,6 +350,57 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
     );
   });
 
+  await step('A duplicate while the first request is still at the provider', async () => {
+    const created = await call({
+      method: 'POST',
+      path: '/orders',
+      headers: { 'Idempotency-Key': key('inflight-order') },
+      body: orderBody('inflight', 1),
+    });
+    check(created.status === 201, `expected 201, got ${created.status}`);
+    const orderPayments = `/orders/${created.json.id ?? ''}/payments`;
+    const pay = {
+      method: 'POST' as const,
+      path: orderPayments,
+      headers: { 'Idempotency-Key': key('inflight') },
+      body: { source: 'tok_processing' },
+    };
+    note('tok_processing: the sandbox works on the charge for half the provider timeout before making it, so the pay stays in flight.');
+    out(`  ${cyan('→')} ${bold(`POST ${pay.path}`)} ${dim('(its answer is awaited below)')}`);
+    out(`    ${dim('idempotency-key:')} ${key('inflight')}`);
+    out(`    ${JSON.stringify(pay.body)}`);
+    const firstPay = call({ ...pay, quiet: true });
+    // Not a sleep: the duplicate goes once the first is seen in flight (its key claimed, its payment recorded pending).
+    const seen = await untilInFlight(orderPayments, firstPay);
+    out(`  ${cyan('→')} ${bold(`GET ${orderPayments}`)} ${dim('(asked until the first request shows)')}`);
+    printResponse(seen.answer);
+    note('the payment is pending: the first request holds the key under its lease and is waiting on the provider.');
+    const duplicate = await call(pay);
+    check(
+      duplicate.status === 409 &&
+        duplicate.json.type === 'urn:idempotent-orders:problem:idempotency-key-in-use' &&
+        Number(duplicate.headers.get('retry-after')) >= 1,
+      `expected 409 idempotency-key-in-use with Retry-After, got ${duplicate.status} ${duplicate.json.type ?? ''}`,
+    );
+    note("the first request's answer:");
+    const first = await firstPay;
+    printResponse(first);
+    check(
+      first.status === 201 && first.json.status === 'succeeded' && first.json.id === seen.paymentId,
+      `expected 201 succeeded for payment ${seen.paymentId}, got ${first.status}`,
+    );
+    note('the duplicate, retried now that the first has answered:');
+    const retried = await call(pay);
+    check(
+      retried.status === 201 && retried.headers.get('idempotent-replayed') === 'true' && retried.text === first.text,
+      `expected the first's 201 replayed, got ${retried.status}`,
+    );
+    shows(
+      'a duplicate while the key is held under its lease gets 409 + Retry-After, never a second charge; its retry replays the answer.',
+      'concurrent-duplicates.md',
+    );
+  });
+
   await step('A lost response: the provider charged, the answer never came', async () => {
     const created = await call({
       method: 'POST',
@@ -337,31 +415,17 @@ async function walk(webhookSecret: string | undefined, whyNoWebhook: string): Pr
       headers: { 'Idempotency-Key': key('lost') },
       body: { source: 'tok_lost' },
     };
-    note('tok_lost: the sandbox charges but every answer is late; the service retries until its deadline (a few seconds).');
-    note('A duplicate with the same key is sent 300 ms after the first, while the first is still waiting on the provider.');
-    const firstPay = call({ ...pay, quiet: true });
-    await sleep(300);
-    const duplicate = call({ ...pay, quiet: true });
-    const answers = await Promise.all([firstPay, duplicate]);
-    out(`  ${cyan('→')} ${bold(`2 × POST ${pay.path}`)} ${dim('(the second 300 ms later)')}`);
-    out(`    ${dim('idempotency-key:')} ${key('lost')}`);
-    out(`    ${JSON.stringify(pay.body)}`);
-    for (const a of answers) printResponse(a);
-    const pending = answers.find((a) => a.status === 503);
-    const inUse = answers.find((a) => a.status === 409);
+    note('tok_lost: the sandbox charges but every answer is late; the service retries until its attempts run out (~11 s by default).');
+    const pending = await call(pay);
     check(
-      pending?.json.type === 'urn:idempotent-orders:problem:payment-pending',
-      `expected one 503 payment-pending, got ${answers.map((a) => a.status).join(' ')}`,
+      pending.status === 503 && pending.json.type === 'urn:idempotent-orders:problem:payment-pending',
+      `expected 503 payment-pending, got ${pending.status}`,
     );
-    check(
-      inUse?.json.type === 'urn:idempotent-orders:problem:idempotency-key-in-use' && Number(inUse.headers.get('retry-after')) >= 1,
-      'expected one 409 idempotency-key-in-use with Retry-After',
-    );
-    out(`  ${dim('· the 409 + Retry-After: the key was held by the request in flight; nothing ran twice.')}`);
     const retryAfter = Math.min(MAX_RETRY_AFTER_MS, Number(pending.headers.get('retry-after') ?? 1) * 1000);
-    note(`waiting Retry-After (${retryAfter / 1000} s); where is the payment now?`);
+    note(`waiting Retry-After (${retryAfter / 1000} s), as a client would; where is the payment now?`);
     await sleep(retryAfter);
-    // The provider's charge.succeeded webhook may have settled it during the wait: the narration says which happened.
+    // The provider's charge.succeeded webhook may have settled it already (it is sent when the charge is made, unless the
+    // service runs without webhooks): the narration says which happened, and the retry's answer is the same either way.
     const meanwhile = await call({ method: 'GET', path: `/payments/${pending.json.paymentId ?? ''}` });
     const settledByWebhook = meanwhile.json.status === 'succeeded';
     note(
@@ -480,10 +544,7 @@ async function startService(): Promise<Service> {
       EMBEDDED_PG_DIR: join(dir, 'postgres'),
       EMBEDDED_PG_PORT: String(await freePort()),
       LOG_LEVEL: 'warn',
-      // Short provider timeouts so tok_lost's unknown outcome is decided in about a second, not ten.
-      PSP_TIMEOUT_MS: '300',
-      PSP_MAX_ATTEMPTS: '3',
-      IDEMPOTENCY_LEASE_SECONDS: '5',
+      // Nothing else: the service as `npm start` runs it (its provider timeouts, its lease, the sandbox's webhooks).
     };
     // cwd = the temp folder: a developer's ./.env (a DATABASE_URL, say) must not redirect the demo.
     child = spawn(process.execPath, [MAIN], { env, cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });

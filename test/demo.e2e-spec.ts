@@ -1,11 +1,22 @@
-import { spawn } from 'node:child_process';
+/**
+ * `npm run demo` run as the README runs it: the exact commands, with no variable the README does not show, against
+ * the service's own defaults (the sandbox's webhooks on, the provider's timeouts and the lease as `npm start` has them).
+ * `npm run demo` starts its own service; `DEMO_URL=… npm run demo` walks one started as `npm start` starts it.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { resolve } from 'node:path';
-import { ALICE, startTestApp, WEBHOOK_SECRET, type TestApp } from './support/test-app';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { Client } from 'pg';
+import { freePort } from '../src/common/free-port';
 
-const DEMO = resolve(process.cwd(), 'dist/demo/demo.js');
-/** The demo's own requests are bounded; this bounds the whole run on a loaded machine. */
-const RUN_DEADLINE_MS = 150_000;
+const ROOT = process.cwd();
+const DEMO = resolve(ROOT, 'dist/demo/demo.js');
+const MAIN = resolve(ROOT, 'dist/src/main.js');
+/** `npm run demo` builds first, then walks (tok_lost alone waits ~11 s): a budget on a loaded machine, not a claim. */
+const RUN_DEADLINE_MS = 240_000;
+const START_DEADLINE_MS = 120_000;
 
 /** Every step title the narration prints, in order. */
 const STEPS = [
@@ -19,15 +30,17 @@ const STEPS = [
   'A form submitted twice with one submit token',
   'Pay with tok_visa, then retry the payment',
   'A declined card, then a new key that pays',
+  'A duplicate while the first request is still at the provider',
   'A lost response: the provider charged, the answer never came',
   'Cancel the paid order and refund it in two parts',
   'A signed webhook delivered twice',
 ];
 
-/** Runs the built demo (`npm test` builds first) against `url`; resolves with its exit code and output. */
-async function runDemo(env: Record<string, string>): Promise<{ code: number | null; output: string }> {
-  const child = spawn(process.execPath, [DEMO], {
-    env: { PATH: process.env.PATH ?? '', NO_COLOR: '1', ...env },
+/** Runs `command` in the repository with only PATH (and HOME, for npm) set besides `env`; its exit code and output. */
+async function run(command: string, args: string[], env: Record<string, string> = {}): Promise<{ code: number | null; output: string }> {
+  const child = spawn(command, args, {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/root', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';
@@ -42,70 +55,124 @@ async function runDemo(env: Record<string, string>): Promise<{ code: number | nu
   }
 }
 
-describe('npm run demo: the narrated walk, as a smoke test of a running service', () => {
-  let t: TestApp;
+function expectEveryStep(output: string): void {
+  expect(output).not.toContain('✗');
+  for (const [i, title] of STEPS.entries()) expect(output).toContain(`${i + 1}. ${title}`);
+  expect(output).toContain(`All ${STEPS.length} steps answered as narrated.`);
+  expect(output).not.toContain('\u001b['); // not a terminal: no colour
+}
 
-  beforeAll(async () => {
-    t = await startTestApp({
-      // As the demo sets them on the service it starts: tok_lost's unknown outcome decided in about a second.
-      PSP_TIMEOUT_MS: '300',
-      PSP_MAX_ATTEMPTS: '3',
-      IDEMPOTENCY_LEASE_SECONDS: '5',
-      // Nothing but the demo's requests settles anything (no reconciler, no sandbox webhooks).
-      RECONCILE_INTERVAL_MS: '0',
-      PSP_WEBHOOK_URL: 'none',
-    });
-  });
-  afterAll(async () => {
-    await t?.close();
-  });
-
+describe('npm run demo, as the README runs it', () => {
   it(
-    'walks every step against DEMO_URL, exits 0, and leaves exactly what the narration says in the database',
+    '`npm run demo`: starts its own service, walks every step, exits 0',
     async () => {
-      const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: ALICE.secret, DEMO_WEBHOOK_SECRET: WEBHOOK_SECRET });
-      expect(output).not.toContain('✗');
-      expect(code).toBe(0);
-      for (const [i, title] of STEPS.entries()) expect(output).toContain(`${i + 1}. ${title}`);
-      expect(output).toContain(`All ${STEPS.length} steps answered as narrated.`);
+      const { code, output } = await run('npm', ['run', 'demo']);
+      expectEveryStep(output);
       expect(output).not.toContain('skipped');
-      expect(output).not.toContain('\u001b['); // NO_COLOR, and not a terminal
-
-      // What the client saw, checked where it was written.
-      const orders = await t.db.query(
-        `SELECT order_number, status FROM orders WHERE client_id = 'alice' AND order_number LIKE 'DEMO-%' ORDER BY order_number`,
-      );
-      expect(orders.rows.map((r) => r.order_number.replace(/^DEMO-[a-z0-9]+-/, ''))).toEqual(['1', 'lost', 'storm']);
-      expect(orders.rows.map((r) => r.status)).toEqual(['refunded', 'paid', 'cancelled']);
-      const cancels = await t.db.query(
-        `SELECT count(*)::int AS n FROM order_events e JOIN orders o ON o.id = e.order_id WHERE o.order_number LIKE 'DEMO-%-storm' AND e.to_status = 'cancelled'`,
-      );
-      expect(cancels.rows[0].n).toBe(1);
-      const lost = await t.db.query(
-        `SELECT p.status FROM payments p JOIN orders o ON o.id = p.order_id WHERE o.order_number LIKE 'DEMO-%-lost'`,
-      );
-      expect(lost.rows).toEqual([{ status: 'succeeded' }]);
-    },
-    RUN_DEADLINE_MS + 10_000,
-  );
-
-  it(
-    'exits non-zero, naming the step, when an answer is not what the narration says',
-    async () => {
-      const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: 'not-a-key-of-this-service' });
-      expect(code).toBe(1);
-      expect(output).toContain('✗ step 1: expected 201, got 401');
-    },
-    RUN_DEADLINE_MS + 10_000,
-  );
-
-  it(
-    'skips the webhook step, saying why, when DEMO_URL is given without DEMO_WEBHOOK_SECRET',
-    async () => {
-      const { code, output } = await runDemo({ DEMO_URL: t.url, DEMO_API_KEY: ALICE.secret });
       expect(code).toBe(0);
-      expect(output).toContain('skipped: DEMO_WEBHOOK_SECRET is not set');
     },
     RUN_DEADLINE_MS + 10_000,
   );
+
+  describe('`DEMO_URL=… npm run demo` against a service started as `npm start` starts it', () => {
+    let dir: string;
+    let service: ChildProcess | undefined;
+    let url = '';
+    let pgPort = 0;
+
+    beforeAll(async () => {
+      dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-demo-test-'));
+      // Run as root, the embedded server runs as "postgres", which must be able to enter the folder.
+      await chmod(dir, 0o755);
+      pgPort = await freePort();
+      // npm start's defaults, in a folder of its own (its .data/postgres); only what a second instance needs beside
+      // a developer's own `npm start`: another HTTP port and another PostgreSQL port.
+      const child = spawn(process.execPath, [MAIN], {
+        cwd: dir,
+        env: { PATH: process.env.PATH ?? '', PORT: '0', EMBEDDED_PG_PORT: String(pgPort) },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      service = child;
+      let output = '';
+      child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
+      child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+      url = await new Promise<string>((resolveUrl, reject) => {
+        const timer = setTimeout(() => reject(new Error(`the service did not start in time:\n${output}`)), START_DEADLINE_MS);
+        child.stdout.on('data', () => {
+          const match = /listening on (http:\/\/localhost:\d+)/.exec(output);
+          if (match) {
+            clearTimeout(timer);
+            resolveUrl(match[1]);
+          }
+        });
+        child.once('exit', (code) => {
+          clearTimeout(timer);
+          reject(new Error(`the service exited with ${code} before listening:\n${output}`));
+        });
+      });
+    }, START_DEADLINE_MS + 10_000);
+
+    afterAll(async () => {
+      if (service && service.exitCode === null && service.signalCode === null) {
+        const exited = once(service, 'exit');
+        service.kill('SIGTERM');
+        await exited;
+      }
+      await rm(dir, { recursive: true, force: true });
+    }, 60_000);
+
+    it(
+      'walks every step (the webhook step skipped: its secret is not given), exits 0, and leaves what the narration says',
+      async () => {
+        const { code, output } = await run('npm', ['run', 'demo'], { DEMO_URL: url });
+        expectEveryStep(output);
+        expect(output).toContain('skipped: DEMO_WEBHOOK_SECRET is not set');
+        expect(code).toBe(0);
+
+        // What the client saw, checked where it was written.
+        const db = new Client({ connectionString: `postgres://postgres:postgres@127.0.0.1:${pgPort}/postgres` });
+        await db.connect();
+        try {
+          const orders = await db.query<{ order_number: string; status: string }>(
+            `SELECT order_number, status FROM orders WHERE order_number LIKE 'DEMO-%' ORDER BY order_number`,
+          );
+          expect(orders.rows.map((r) => [r.order_number.replace(/^DEMO-[a-z0-9]+-/, ''), r.status])).toEqual([
+            ['1', 'refunded'],
+            ['inflight', 'paid'],
+            ['lost', 'paid'],
+            ['storm', 'cancelled'],
+          ]);
+          const cancels = await db.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM order_events e JOIN orders o ON o.id = e.order_id WHERE o.order_number LIKE 'DEMO-%-storm' AND e.to_status = 'cancelled'`,
+          );
+          expect(cancels.rows[0].n).toBe(1);
+          // One payment, and one charge at the provider, for each order the duplicates and retries hit.
+          const payments = await db.query<{ order_number: string; status: string; charges: number }>(
+            `SELECT o.order_number, p.status,
+                    (SELECT count(*)::int FROM psp.charges c WHERE c.payment_id = p.id) AS charges
+               FROM payments p JOIN orders o ON o.id = p.order_id
+              WHERE o.order_number LIKE 'DEMO-%-inflight' OR o.order_number LIKE 'DEMO-%-lost'
+              ORDER BY o.order_number`,
+          );
+          expect(payments.rows.map((r) => [r.order_number.replace(/^DEMO-[a-z0-9]+-/, ''), r.status, r.charges])).toEqual([
+            ['inflight', 'succeeded', 1],
+            ['lost', 'succeeded', 1],
+          ]);
+        } finally {
+          await db.end();
+        }
+      },
+      RUN_DEADLINE_MS + 10_000,
+    );
+
+    it(
+      'exits non-zero, naming the step, when an answer is not what the narration says',
+      async () => {
+        const { code, output } = await run(process.execPath, [DEMO], { DEMO_URL: url, DEMO_API_KEY: 'not-a-key-of-this-service' });
+        expect(code).toBe(1);
+        expect(output).toContain('✗ step 1: expected 201, got 401');
+      },
+      RUN_DEADLINE_MS + 10_000,
+    );
+  });
 });

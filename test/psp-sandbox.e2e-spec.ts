@@ -276,6 +276,50 @@ describe('psp sandbox (/psp)', () => {
       }
     });
 
+    it('tok_processing: worked on for PSP_TIMEOUT_MS / 2 before anything is recorded (no charge, no event), then answered at once', async () => {
+      const body = chargeBody('tok_processing');
+      const events = () =>
+        count(`SELECT count(*)::int AS n FROM psp.webhook_outbox WHERE payload ->> 'paymentId' = $1`, [body.metadata.paymentId]);
+      // What exists when each hold ends, read inside the sandbox's own flow (the hold still runs).
+      const holds: { ms: number; charges: number; events: number }[] = [];
+      const wait = delays.wait.bind(delays);
+      delays.wait = async (ms, gone) => {
+        const elapsed = await wait(ms, gone);
+        holds.push({ ms, charges: await chargesOfPayment(body.metadata.paymentId), events: await events() });
+        return elapsed;
+      };
+      try {
+        const key = randomUUID();
+        const res = await postCharge(key, body);
+        expect(res.status).toBe(201);
+        expect(res.body).toMatchObject({ status: 'succeeded', source: 'tok_processing' });
+        // The one hold came before the charge and its event; the answer itself was not held.
+        expect(holds).toEqual([
+          { ms: TIMEOUT_MS / 2, charges: 0, events: 0 },
+          { ms: 0, charges: 1, events: 1 },
+        ]);
+        expect(await chargesOfPayment(body.metadata.paymentId)).toBe(1);
+      } finally {
+        delays.wait = wait;
+      }
+    });
+
+    it('tok_processing: a client that hangs up while its request is worked on leaves nothing recorded', async () => {
+      const key = randomUUID();
+      const body = chargeBody('tok_processing');
+      const first = pendingPost(`${t.url}/psp/charges`, key, body);
+      await until(() => delays.size === 1 || first.settled(), 'the request is being worked on');
+      expect(first.settled()).toBe(false);
+      first.abort();
+      await expect(first.result).rejects.toThrow();
+      await until(() => delays.size === 0, 'the hung-up request is dropped');
+      expect(await chargesOfPayment(body.metadata.paymentId)).toBe(0);
+      expect(await keyRows(key)).toBe(0);
+      // The key is still free: sent again, it is worked on and recorded once.
+      expect((await postCharge(key, body)).status).toBe(201);
+      expect(await chargesOfPayment(body.metadata.paymentId)).toBe(1);
+    });
+
     it('an unknown token → 400 invalid source, nothing recorded', async () => {
       const key = randomUUID();
       const body = chargeBody('tok_nope');

@@ -219,7 +219,7 @@ export interface paths {
         put?: never;
         /**
          * Charge a test card
-         * @description Records the charge and its answer in one transaction, then answers — after the delay its test token asks for. tok_visa succeeds; tok_chargeDeclined → 402 (recorded); tok_refundDeclined succeeds but its refunds are declined; tok_flaky → 503 on the first 2 attempts per key, then succeeds; tok_timeout records at once but answers the first attempt per key after 3 × PSP_TIMEOUT_MS; tok_lost records but every answer comes after 3 × PSP_TIMEOUT_MS; tok_unavailable → 503 always; tok_slow answers after PSP_TIMEOUT_MS / 2. Any other source → 400.
+         * @description Records the charge and its answer in one transaction, then answers — after the delay its test token asks for. tok_visa succeeds; tok_chargeDeclined → 402 (recorded); tok_refundDeclined succeeds but its refunds are declined; tok_flaky → 503 on the first 2 attempts per key, then succeeds; tok_timeout records at once but answers the first attempt per key after 3 × PSP_TIMEOUT_MS; tok_lost records but every answer comes after 3 × PSP_TIMEOUT_MS; tok_unavailable → 503 always; tok_slow answers after PSP_TIMEOUT_MS / 2; tok_processing records nothing for PSP_TIMEOUT_MS / 2, then records and answers at once. Any other source → 400.
          */
         post: operations["pspCreateCharge"];
         delete?: never;
@@ -541,7 +541,7 @@ export interface components {
              */
             currency: string;
             /**
-             * @description A test token: tok_visa, tok_chargeDeclined, tok_refundDeclined, tok_flaky, tok_timeout, tok_lost, tok_unavailable, tok_slow. Any other → 400.
+             * @description A test token: tok_visa, tok_chargeDeclined, tok_refundDeclined, tok_flaky, tok_timeout, tok_lost, tok_unavailable, tok_slow, tok_processing. Any other → 400.
              * @example tok_visa
              */
             source: string;
@@ -603,7 +603,7 @@ export interface components {
         };
         PayOrderDto: {
             /**
-             * @description A payment source at the provider. The sandbox knows tok_visa (succeeds), tok_chargeDeclined (declined), tok_flaky (fails twice, then succeeds), tok_timeout (first answer too late), tok_lost (every answer too late), tok_unavailable (provider down), tok_slow, tok_refundDeclined.
+             * @description A payment source at the provider. The sandbox knows tok_visa (succeeds), tok_chargeDeclined (declined), tok_flaky (fails twice, then succeeds), tok_timeout (first answer too late), tok_lost (every answer too late), tok_unavailable (provider down), tok_slow, tok_processing (in flight for a while, then succeeds), tok_refundDeclined.
              * @example tok_visa
              */
             source: string;

@@ -84,7 +84,8 @@ export class PspSandboxController {
       'tok_visa succeeds; tok_chargeDeclined → 402 (recorded); tok_refundDeclined succeeds but its refunds are declined; ' +
       'tok_flaky → 503 on the first 2 attempts per key, then succeeds; tok_timeout records at once but answers the first attempt ' +
       'per key after 3 × PSP_TIMEOUT_MS; tok_lost records but every answer comes after 3 × PSP_TIMEOUT_MS; tok_unavailable → 503 always; ' +
-      'tok_slow answers after PSP_TIMEOUT_MS / 2. Any other source → 400.',
+      'tok_slow answers after PSP_TIMEOUT_MS / 2; tok_processing records nothing for PSP_TIMEOUT_MS / 2, then records and answers at once. ' +
+      'Any other source → 400.',
     security: [],
   })
   @IDEMPOTENCY_KEY
@@ -124,8 +125,7 @@ export class PspSandboxController {
     @Res() res: Response,
   ): Promise<void> {
     const gone = clientGone(res);
-    const answer = await this.sandbox.createCharge(idempotencyKey(rawKey), body);
-    await this.send(answer, res, gone);
+    await this.send(await this.sandbox.createCharge(idempotencyKey(rawKey), body, gone), res, gone);
   }
 
   @Get('charges')
@@ -190,8 +190,7 @@ export class PspSandboxController {
     @Res() res: Response,
   ): Promise<void> {
     const gone = clientGone(res);
-    const answer = await this.sandbox.createRefund(idempotencyKey(rawKey), body);
-    await this.send(answer, res, gone);
+    await this.send(await this.sandbox.createRefund(idempotencyKey(rawKey), body, gone), res, gone);
   }
 
   @Get('refunds')
@@ -212,9 +211,10 @@ export class PspSandboxController {
   /**
    * The recorded answer, byte for byte, once its delay is over. The delay holds no connection;
    * if the client hangs up or the app closes first, the answer is dropped as a lost one would be.
+   * No answer: the client left while its request was worked on, and nothing was recorded.
    */
-  private async send(answer: ProviderAnswer, res: Response, gone: AbortSignal): Promise<void> {
-    if (!(await this.delays.wait(answer.delayMs, gone))) {
+  private async send(answer: ProviderAnswer | undefined, res: Response, gone: AbortSignal): Promise<void> {
+    if (!answer || !(await this.delays.wait(answer.delayMs, gone))) {
       res.raw.destroy();
       return;
     }

@@ -8,7 +8,8 @@ import type { PspRefundView } from './dto/psp-refund.view.js';
 import { chargeNotFound, chargeNotRefundable, keyReused, pspUnavailable, refundExceedsCharge, unknownSource } from './psp-problems.js';
 import { SandboxDatabase, type SandboxClient } from './sandbox-database.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
-import { answerDelayMs, FLAKY_FAILURES, type TestToken, testToken } from './test-tokens.js';
+import { AnswerDelays } from './answer-delays.js';
+import { answerDelayMs, FLAKY_FAILURES, processingDelayMs, type TestToken, testToken } from './test-tokens.js';
 import { enqueueWebhookEvent } from './webhook-outbox.js';
 
 /** What to send: the recorded status and body, byte for byte, after `delayMs`. */
@@ -90,12 +91,15 @@ export class PspSandboxService {
   constructor(
     private readonly db: SandboxDatabase,
     @Inject(SANDBOX_OPTIONS) private readonly options: SandboxOptions,
+    private readonly delays: AnswerDelays,
   ) {}
 
-  async createCharge(key: string, body: CreateChargeDto): Promise<ProviderAnswer> {
+  /** Undefined when the client hung up (or the app closed) while its request was worked on: nothing was recorded. */
+  async createCharge(key: string, body: CreateChargeDto, clientGone: AbortSignal): Promise<ProviderAnswer | undefined> {
     const token = testToken(body.source);
     if (!token) throw unknownSource(body.source);
     await this.injectFailures(token, key);
+    if (!(await this.workOn(token, clientGone))) return undefined;
     const fingerprint = fingerprintRequest('POST', '/psp/charges', body);
     const declined = token.charge === 'declined';
     const charge: PspChargeView = {
@@ -148,7 +152,8 @@ export class PspSandboxService {
     return this.answer(stored ?? { ...answer, replayed: false }, fingerprint, token);
   }
 
-  async createRefund(key: string, body: CreateRefundDto): Promise<ProviderAnswer> {
+  /** Undefined as for createCharge. */
+  async createRefund(key: string, body: CreateRefundDto, clientGone: AbortSignal): Promise<ProviderAnswer | undefined> {
     // order_id and currency never change once recorded: the refund's event can take them from here.
     const [charge] = await this.db.query<{ status: string; source: string; order_id: string; currency: string }>(
       `SELECT status, source, order_id, currency FROM psp.charges WHERE id = $1`,
@@ -158,6 +163,7 @@ export class PspSandboxService {
     // A refund inherits its charge's token: its outcome and its faults. Recorded charges only carry known tokens.
     const token = testToken(charge.source)!;
     await this.injectFailures(token, key);
+    if (!(await this.workOn(token, clientGone))) return undefined;
     const fingerprint = fingerprintRequest('POST', '/psp/refunds', body);
     const declined = token.refund === 'declined';
     const refund: PspRefundView = {
@@ -261,6 +267,15 @@ export class PspSandboxService {
       [key],
     );
     if (attempts <= FLAKY_FAILURES) throw pspUnavailable();
+  }
+
+  /**
+   * tok_processing's time at work before anything is recorded: until it ends there is no charge, no key and no event, so
+   * nothing (a webhook, a lookup) can settle the payment meanwhile. False: the client hung up or the app is closing.
+   */
+  private workOn(token: TestToken, clientGone: AbortSignal): Promise<boolean> {
+    const ms = processingDelayMs(token.fault, this.options.timeoutMs);
+    return ms > 0 ? this.delays.wait(ms, clientGone) : Promise.resolve(true);
   }
 
   /**

@@ -1,4 +1,4 @@
-import { answerDelayMs, testToken } from './test-tokens.js';
+import { answerDelayMs, processingDelayMs, testToken } from './test-tokens.js';
 
 describe('sandbox test tokens', () => {
   it('holds back answers as docs/contract.md#test-tokens says', () => {
@@ -9,10 +9,16 @@ describe('sandbox test tokens', () => {
     expect(answerDelayMs('slow', false, 200)).toBe(100);
     expect(answerDelayMs('none', true, 200)).toBe(0);
     expect(answerDelayMs('flaky', true, 200)).toBe(0);
+    // tok_processing holds the request before recording it, and its answer not at all.
+    expect(processingDelayMs('processing', 200)).toBe(100);
+    expect(answerDelayMs('processing', true, 200)).toBe(0);
+    expect(processingDelayMs('slow', 200)).toBe(0);
+    expect(processingDelayMs('none', 200)).toBe(0);
   });
 
   it('knows only its own tokens, not inherited object members', () => {
     expect(testToken('tok_visa')?.charge).toBe('succeeded');
+    expect(testToken('tok_processing')).toEqual({ charge: 'succeeded', refund: 'succeeded', fault: 'processing' });
     expect(testToken('toString')).toBeUndefined();
     expect(testToken('__proto__')).toBeUndefined();
     expect(testToken('tok_mastercard')).toBeUndefined();

@@ -15,7 +15,12 @@ export type Fault =
   /** 503 always, nothing recorded. */
   | 'unavailable'
   /** Every answer comes after PSP_TIMEOUT_MS / 2: slow, but within the client's timeout. */
-  | 'slow';
+  | 'slow'
+  /**
+   * Every request is worked on for PSP_TIMEOUT_MS / 2 before anything is recorded (no charge, no webhook event yet),
+   * then answered at once: a payment that is observably in flight for that long, and that nothing settles meanwhile.
+   */
+  | 'processing';
 
 export interface TestToken {
   charge: 'succeeded' | 'declined';
@@ -32,6 +37,7 @@ export const TEST_TOKENS: Readonly<Record<string, TestToken>> = {
   tok_lost: { charge: 'succeeded', refund: 'succeeded', fault: 'lost' },
   tok_unavailable: { charge: 'succeeded', refund: 'succeeded', fault: 'unavailable' },
   tok_slow: { charge: 'succeeded', refund: 'succeeded', fault: 'slow' },
+  tok_processing: { charge: 'succeeded', refund: 'succeeded', fault: 'processing' },
 };
 
 export const TEST_TOKEN_NAMES = Object.keys(TEST_TOKENS);
@@ -60,4 +66,9 @@ export function answerDelayMs(fault: Fault, firstAttempt: boolean, timeoutMs: nu
     default:
       return 0;
   }
+}
+
+/** How long a request is worked on before it is recorded (tok_processing): half the client's timeout, so it is in time. */
+export function processingDelayMs(fault: Fault, timeoutMs: number): number {
+  return fault === 'processing' ? Math.floor(timeoutMs / 2) : 0;
 }

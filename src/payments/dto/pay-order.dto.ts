@@ -7,7 +7,8 @@ export class PayOrderDto {
     example: 'tok_visa',
     description:
       'A payment source at the provider. The sandbox knows tok_visa (succeeds), tok_chargeDeclined (declined), tok_flaky (fails twice, then succeeds), ' +
-      'tok_timeout (first answer too late), tok_lost (every answer too late), tok_unavailable (provider down), tok_slow, tok_refundDeclined.',
+      'tok_timeout (first answer too late), tok_lost (every answer too late), tok_unavailable (provider down), tok_slow, ' +
+      'tok_processing (in flight for a while, then succeeds), tok_refundDeclined.',
     maxLength: 64,
   })
   @IsString()
