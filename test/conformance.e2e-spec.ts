@@ -103,7 +103,7 @@ describe('the conformance kit: its input', () => {
         'npm',
         ['pack', '--dry-run', '--json', '--ignore-scripts', '--loglevel=error'],
         { cwd: resolve(process.cwd(), 'conformance') },
-        (err, stdout) => (err ? fail(err) : done(stdout)),
+        (err, stdout) => (err ? fail(new Error(err.message)) : done(stdout)),
       ),
     );
     const files = (JSON.parse(packed) as { files: { path: string }[] }[])[0].files.map((f) => f.path);
