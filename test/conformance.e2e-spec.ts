@@ -225,7 +225,7 @@ describe('the conformance kit against the service', () => {
           run,
           outcome: 'pass',
           detail: expect.stringMatching(
-            /^24 keys: 8 answered before the kill, [3-9]\d* open when the process was seen dead \(3 held in the window\)/,
+            /^24 keys: 8 answered before the kill, \d+ open when the process was seen dead \(3 held in the window: answered 102 when held\); .*; 24 effect\(s\)$/,
           ),
         });
         const { rows: after } = await db.query(`SELECT count(*)::int AS n FROM orders`);
@@ -278,8 +278,10 @@ describe('the conformance kit against the service', () => {
         },
       });
       const report = await runConformance(target);
+      // The one n/a: its duplicates wait on the key and replay, so there is no 409 whose Retry-After to judge.
+      expect(report.results.find((r) => r.id === 'conflict-retry-after')!.outcome).toBe('n/a');
       const failed = report.results
-        .filter((r) => r.outcome !== 'pass')
+        .filter((r) => r.outcome !== 'pass' && r.id !== 'conflict-retry-after')
         .map((r) => ({ id: r.id, outcome: r.outcome, detail: r.detail, evidence: r.evidence.flatMap(describeExchange) }));
       expect(failed).toEqual([]);
       expect(report.results.map((r) => r.id)).toEqual(CHECKS.map((c) => c.id));
