@@ -1,9 +1,14 @@
 import { randomUUID } from 'node:crypto';
 import type { Caller, Target } from './config.js';
-import { type Answer, type Exchange, HttpClient, jsonOf } from './http.js';
+import { type Answer, type Exchange, HttpClient, jsonOf, probe } from './http.js';
 
-/** `choice`: the API departs from the draft's or Stripe's default on purpose and consistently: reported, not a failure. */
-export type Outcome = 'pass' | 'fail' | 'n/a' | 'choice';
+/**
+ * `choice`: the API departs from the draft's or Stripe's default on purpose and consistently: reported, not a failure.
+ * `inconclusive`: the check ran but could not provoke what it tests (nothing was in flight at the kill): neither verdict.
+ * `broken`: the run could not test (a hold the API ignores, a kill that did not kill, a counter or command that
+ * failed): the config part to fix is named; never the API's failure.
+ */
+export type Outcome = 'pass' | 'fail' | 'n/a' | 'choice' | 'inconclusive' | 'broken';
 
 export interface CheckResult {
   id: string;
@@ -15,6 +20,11 @@ export interface CheckResult {
   notes: string[];
   /** On a failure: the requests that show it and what came back. */
   evidence: Exchange[];
+}
+
+/** What checks of one run share: the parallel burst, judged by two checks (one effect; 409 carries Retry-After). */
+export interface RunState {
+  burst?: Burst;
 }
 
 export interface Check {
@@ -37,6 +47,23 @@ class Failure extends Error {
     super(message);
   }
 }
+
+/**
+ * The run could not test: `part` is the config part to fix (base, hold, crash.kill, effects…), named first in the
+ * message. Reported as `broken` (exit 2), never as the API's failure.
+ */
+export class BrokenRun extends Error {
+  constructor(
+    readonly part: string,
+    message: string,
+    readonly evidence: Exchange[] = [],
+  ) {
+    super(message);
+  }
+}
+
+/** Nothing could be judged: reported as `inconclusive` (exit 3). */
+class Inconclusive extends Error {}
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const is2xx = (a: Answer | undefined) => a !== undefined && a.status >= 200 && a.status < 300;
@@ -82,7 +109,19 @@ export class CheckContext {
   constructor(
     readonly target: Target,
     readonly http: HttpClient,
+    readonly run: RunState = {},
   ) {}
+
+  /** Runs a config-given function (a command, a counter); its failure is a broken run naming `part`. */
+  async hook<T>(part: string, fn: (() => Promise<T>) | undefined): Promise<T | undefined> {
+    if (!fn) return undefined;
+    try {
+      return await fn();
+    } catch (err) {
+      if (err instanceof BrokenRun) throw err;
+      throw new BrokenRun(part, `${part}: ${(err as Error).message}`);
+    }
+  }
 
   newKey(): string {
     return `conformance-${randomUUID()}`;
@@ -94,7 +133,7 @@ export class CheckContext {
   }
 
   /** Sends the operation. `key`: one value, several header lines, or none; `bodyText` as given (to control key order and spaces). */
-  send(
+  async send(
     options: {
       key?: string | string[];
       caller?: Caller;
@@ -102,6 +141,8 @@ export class CheckContext {
       bodyText?: string;
       headers?: Record<string, string>;
       onInformation?: (status: number) => void;
+      /** Across a kill: a refused connection is an answer the check judges, not a broken run. */
+      mayBeDown?: boolean;
     } = {},
   ): Promise<Exchange> {
     const headers: Record<string, string | string[]> = {
@@ -111,7 +152,13 @@ export class CheckContext {
     };
     if (options.key !== undefined) headers[IDEMPOTENCY_KEY] = options.key;
     const body = options.bodyText ?? JSON.stringify(options.body ?? this.bodyFor(randomUUID()));
-    return this.http.send({ method: this.target.operation.method, path: this.target.operation.path, headers, body }, options.onInformation);
+    const x = await this.http.send(
+      { method: this.target.operation.method, path: this.target.operation.path, headers, body },
+      options.onInformation,
+    );
+    if (x.error === 'ECONNREFUSED' && !options.mayBeDown)
+      throw new BrokenRun('base', `base: ${this.target.base.href} stopped answering (ECONNREFUSED) during the check`, [x]);
+    return x;
   }
 
   /** The body a held request sends: the hold's own (with a fresh `{{unique}}`), or the operation's. */
@@ -121,21 +168,43 @@ export class CheckContext {
   }
 
   /**
-   * Sends a request that the target holds inside its handler after its effect is written (`hold`), and resolves
-   * once it is there: it answered a 1xx, or its effect is counted. Fails if it answered or timed out first: then
-   * the hold does not hold, and nothing the kit does next would land in the window.
+   * Sends requests that the target holds inside its handler after their effect is written (`hold`), and resolves
+   * once every one is there: each answered a 1xx, or all their effects are counted. One that answers or times out
+   * first means the API does not honour the hold: a broken run naming hold, since nothing the kit does next would
+   * land in the window.
    */
-  async sendHeld(key: string, body: unknown, before: number | undefined): Promise<{ exchange: Promise<Exchange>; signal: string }> {
+  async sendHeld(
+    requests: { key: string; body: unknown }[],
+    before: number | undefined,
+  ): Promise<{ exchanges: Promise<Exchange>[]; signal: string }> {
     const hold = this.target.hold!;
-    await hold.arm?.();
+    await this.hook('hold.arm', hold.arm);
     let signal!: (how: string) => void;
     const reached = new Promise<string>((resolve) => (signal = resolve));
-    const exchange = this.send({ key, body, headers: hold.headers, onInformation: (status) => signal(`answered ${status} when held`) });
-    void exchange.then((x) => signal(x.answer ? `final:answered ${x.answer.status}` : `final:got no answer (${x.error})`));
+    let informed = 0;
+    const exchanges = requests.map(({ key, body }) => {
+      let seen = false;
+      const exchange = this.send({
+        key,
+        body,
+        headers: hold.headers,
+        onInformation: (status) => {
+          if (seen) return;
+          seen = true;
+          if (++informed === requests.length) signal(`answered ${status} when held`);
+        },
+      });
+      void exchange.then(
+        (x) => signal(x.answer ? `final:answered ${x.answer.status}` : `final:got no answer (${x.error})`),
+        (err: Error) => signal(`final:could not be sent (${err.message})`),
+      );
+      return exchange;
+    });
     let polling = before !== undefined;
     const poll = async () => {
       while (polling) {
-        if ((await this.count()) !== before) return signal('its effect counted while held');
+        if ((await this.count())! - before! >= requests.length)
+          return signal(requests.length === 1 ? 'its effect counted while held' : 'their effects counted while held');
         await sleep(100);
       }
     };
@@ -143,14 +212,15 @@ export class CheckContext {
     const how = await reached;
     polling = false;
     if (how.startsWith('final:')) {
-      const x = await exchange;
-      await hold.disarm?.();
-      throw new Failure(
-        `the held request ${how.slice(6)} before a 1xx or its effect counted: hold does not make it wait after its effect`,
-        [x],
+      const settled = await Promise.all(exchanges.map((x) => x.catch(() => undefined)));
+      await this.hook('hold.disarm', hold.disarm);
+      throw new BrokenRun(
+        'hold',
+        `hold: the held request ${how.slice(6)} before a 1xx or its effect counted: the API does not honour the hold, so nothing would land in the window (fix hold, or how the API reads it: CHECKS.md, "The hold")`,
+        settled.filter((x): x is Exchange => x !== undefined).slice(0, 1),
       );
     }
-    return { exchange, signal: how };
+    return { exchanges, signal: how };
   }
 
   /** How many effects `caller` has, or undefined without a counter (noted once per check). */
@@ -159,7 +229,7 @@ export class CheckContext {
       this.note('effects not counted (no effects.list or effects.command): "one effect" and "nothing executed" are unverified');
       return undefined;
     }
-    return this.target.countEffects(caller);
+    return (await this.hook('effects', () => this.target.countEffects!(caller)))!;
   }
 
   /** Fails unless `caller` gained exactly `expected` effects since `before`. */
@@ -368,47 +438,88 @@ const anotherBody: Check = {
   },
 };
 
+/** N identical requests under one key, the first held when a hold is configured; shared by the two checks that judge it. */
+interface Burst {
+  key: string;
+  body: unknown;
+  before: number | undefined;
+  all: Exchange[];
+  overlap: string;
+}
+
+async function burst(ctx: CheckContext): Promise<Burst> {
+  if (ctx.run.burst) return ctx.run.burst;
+  const n = ctx.target.parallel;
+  const before = await ctx.count();
+  const key = ctx.newKey();
+  let all: Exchange[];
+  let overlap = '';
+  let body: unknown;
+  if (ctx.target.hold) {
+    // Made to overlap: the first is held inside its handler, after its effect, while the others arrive.
+    body = ctx.heldBody(randomUUID());
+    const held = await ctx.sendHeld([{ key, body }], before);
+    const others = Array.from({ length: n - 1 }, () => ctx.send({ key, body }));
+    const first = await held.exchanges[0];
+    await ctx.hook('hold.disarm', ctx.target.hold.disarm);
+    all = [first, ...(await Promise.all(others))];
+    overlap = `; the others sent while the first was held (${held.signal})`;
+  } else {
+    ctx.note('the requests overlap by chance only: configure hold to make them overlap every time');
+    body = ctx.bodyFor(randomUUID());
+    all = await Promise.all(Array.from({ length: n }, () => ctx.send({ key, body })));
+  }
+  ctx.run.burst = { key, body, before, all, overlap };
+  return ctx.run.burst;
+}
+
 const parallel: Check = {
   id: 'parallel-one-effect',
-  title: 'N parallel identical requests → one effect; every answer the replay or 409 + Retry-After',
+  title: 'N parallel identical requests → one effect; every answer the replay or a 409',
   async run(ctx) {
     const n = ctx.target.parallel;
-    const before = await ctx.count();
-    const key = ctx.newKey();
-    let all: Exchange[];
-    let overlap = '';
-    let body: unknown;
-    if (ctx.target.hold) {
-      // Made to overlap: the first is held inside its handler, after its effect, while the others arrive.
-      body = ctx.heldBody(randomUUID());
-      const held = await ctx.sendHeld(key, body, before);
-      const others = Array.from({ length: n - 1 }, () => ctx.send({ key, body }));
-      const first = await held.exchange;
-      await ctx.target.hold.disarm?.();
-      all = [first, ...(await Promise.all(others))];
-      overlap = `; the others sent while the first was held (${held.signal})`;
-    } else {
-      ctx.note('the requests overlap by chance only: configure hold to make them overlap every time');
-      body = ctx.bodyFor(randomUUID());
-      all = await Promise.all(Array.from({ length: n }, () => ctx.send({ key, body })));
-    }
+    const { key, body, before, all, overlap } = await burst(ctx);
     const statuses = histogram(all, (a) => ctx.isReplay(a));
     const ok = all.filter((x) => is2xx(x.answer));
-    if (ok.length === 0) throw new Failure(`${n} parallel requests, none succeeded: ${statuses}`, all.slice(0, 2));
-    const strays = all.filter((x) => !is2xx(x.answer) && !(x.answer?.status === 409 && x.answer.headers['retry-after'] !== undefined));
+    if (ok.length === 0) throw new Failure(`key ${key}: ${n} parallel requests, none succeeded: ${statuses}`, all.slice(0, 2));
+    // A 409 is the draft's "request outstanding"; whether it says when to come back is conflict-retry-after's verdict.
+    const strays = all.filter((x) => !is2xx(x.answer) && x.answer?.status !== 409);
     if (strays.length > 0) {
-      const what = strays[0].answer?.status === 409 ? '409 without Retry-After' : statusOf(strays[0]);
-      throw new Failure(`${n} parallel requests: ${statuses}; ${strays.length} neither the replay nor 409 + Retry-After (e.g. ${what})`, [
-        ok[0],
-        strays[0],
-      ]);
+      throw new Failure(
+        `key ${key}: ${n} parallel requests: ${statuses}; ${strays.length} neither the replay nor a 409 (e.g. ${statusOf(strays[0])})`,
+        [ok[0], strays[0]],
+      );
     }
     const differing = ok.find((x) => x.answer!.status !== ok[0].answer!.status || !x.answer!.body.equals(ok[0].answer!.body));
-    if (differing) throw new Failure(`${n} parallel requests: ${statuses}; two successes differ (two executions?)`, [ok[0], differing]);
+    if (differing)
+      throw new Failure(`key ${key}: ${n} parallel requests: ${statuses}; two successes differ (two executions?)`, [ok[0], differing]);
     const after = await ctx.send({ key, body });
     ctx.expectReplay(ok[0], after, 'a retry after the burst');
-    const effects = await ctx.expectEffects(before, 1, `${n} parallel requests with one key`, [ok[0], after]);
+    const effects = await ctx.expectEffects(before, 1, `key ${key}: ${n} parallel requests with one key`, [ok[0], after]);
     return { outcome: 'pass', detail: `${statuses}${effects}${overlap}` };
+  },
+};
+
+const conflictRetryAfter: Check = {
+  id: 'conflict-retry-after',
+  title: 'a duplicate refused while the first is in flight (409) says when to come back: Retry-After',
+  async run(ctx) {
+    const { key, all, overlap } = await burst(ctx);
+    const conflicts = all.filter((x) => x.answer?.status === 409);
+    const statuses = histogram(all, (a) => ctx.isReplay(a));
+    if (conflicts.length === 0)
+      return {
+        outcome: 'n/a',
+        detail: `no duplicate got a 409 (${statuses}): the API makes them wait or replays, nothing to judge${overlap}`,
+      };
+    const bare = conflicts.filter((x) => x.answer!.headers['retry-after'] === undefined);
+    if (bare.length > 0)
+      throw new Failure(
+        `key ${key}: ${bare.length} of ${conflicts.length} 409(s) carry no Retry-After: a client cannot tell when the key is free`,
+        [bare[0]],
+      );
+    const values = [...new Set(conflicts.map((x) => x.answer!.headers['retry-after']))].join(', ');
+    return { outcome: 'pass', detail: `${conflicts.length}× 409, each with Retry-After (${values})${overlap}` };
   },
 };
 
@@ -588,53 +699,158 @@ const openapiExpiry: Check = {
   },
 };
 
+/**
+ * Kills the API and waits until it is seen dead: its port refuses connections. Still accepting after 10 s: the
+ * kill did not kill (a broken run naming crash.kill).
+ */
+async function killAndSeeDead(ctx: CheckContext): Promise<void> {
+  await ctx.hook('crash.kill', ctx.target.crash!.kill);
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const state = await probe(ctx.target.base, 1_000);
+    if (state !== 'open' && !state.startsWith('no connection')) return;
+    if (Date.now() > deadline)
+      throw new BrokenRun(
+        'crash.kill',
+        `crash.kill: ${ctx.target.base.href} still accepts connections 10 s after the kill command returned: it did not kill the API`,
+      );
+    await sleep(50);
+  }
+}
+
+/** Up to three keys, then how many more: a failure names the keys it is about. */
+const someKeys = (keys: string[]) => `${keys.slice(0, 3).join(', ')}${keys.length > 3 ? ` (+${keys.length - 3} more)` : ''}`;
+
 const crashOneEffect: Check = {
   id: 'crash-one-effect',
-  title: 'killed mid-flight, restarted, every key retried → one effect each, none stuck',
+  title: 'killed with requests in flight, restarted, every key retried → one effect each, none stuck, none forgotten',
   async run(ctx) {
-    const crash = ctx.target.crash;
+    const { crash, hold } = ctx.target;
     if (!crash) return { outcome: 'n/a', detail: 'no kill/start commands configured (crash)' };
     const keys = Array.from({ length: crash.keys }, () => ctx.newKey());
     const bodies = new Map(keys.map((k) => [k, ctx.bodyFor(randomUUID())]));
     const before = await ctx.count();
-    // The client bounds what is in flight: the kill comes once a third have answered, with the others of the bound still out.
-    let answered = 0;
-    let killed: Promise<void> | undefined;
-    let inFlightAtKill = 0;
-    const first = await Promise.all(
-      keys.map((key) =>
-        ctx.send({ key, body: bodies.get(key) }).then((x) => {
-          answered++;
-          if (!killed && answered >= Math.ceil(keys.length / 3)) {
-            inFlightAtKill = ctx.http.inFlight;
-            killed = crash.kill();
+    const first = new Map<string, Promise<Exchange>>();
+    const sendFirst = (key: string) => first.set(key, ctx.send({ key, body: bodies.get(key), mayBeDown: true })).get(key)!;
+    let answeredBefore: string[];
+    let held: string[] = [];
+    let holdSignal = '';
+    if (hold) {
+      // Deterministic: a third answered before the kill (they must replay after it), then up to three held inside
+      // their window (effect written, key not yet recorded) while the rest go out, then the kill.
+      answeredBefore = keys.slice(0, Math.floor(keys.length / 3));
+      await Promise.all(answeredBefore.map(sendFirst));
+      held = keys.slice(answeredBefore.length, answeredBefore.length + 3);
+      const heldBodies = held.map((key) => ({ key, body: bodies.get(key) }));
+      const { exchanges, signal } = await ctx.sendHeld(heldBodies, before === undefined ? undefined : await ctx.count());
+      held.forEach((key, i) => first.set(key, exchanges[i]));
+      holdSignal = signal;
+      for (const key of keys.slice(answeredBefore.length + held.length)) void sendFirst(key);
+      await killAndSeeDead(ctx);
+    } else {
+      // By chance: the kill once a third have answered, with the others of the bound still out.
+      answeredBefore = [];
+      let killed: Promise<void> | undefined;
+      const trigger = Math.ceil(keys.length / 3);
+      for (const key of keys)
+        void sendFirst(key).then((x) => {
+          if (x.answer) answeredBefore.push(key);
+          if (!killed && answeredBefore.length >= trigger) {
+            killed = killAndSeeDead(ctx);
+            // Awaited below; handled now so that a kill that fails is not an unhandled rejection meanwhile.
+            killed.catch(() => undefined);
           }
-          return x;
-        }),
-      ),
-    );
-    await (killed ?? crash.kill());
-    await crash.start();
-    if (inFlightAtKill === 0) throw new Failure(`nothing was in flight at the kill: raise crash.keys (${keys.length})`, []);
-    const retries = await Promise.all(keys.map((key) => retryAfterRestart(ctx, key, bodies.get(key), crash.retryWindowMs)));
-    const retried = retries.map((r) => r.exchange);
-    const again = await Promise.all(keys.map((key) => ctx.send({ key, body: bodies.get(key) })));
-    const summary = `first: ${histogram(first, (a) => ctx.isReplay(a))}; retried: ${histogram(retried, (a) => ctx.isReplay(a))}`;
-    for (let i = 0; i < keys.length; i++) {
-      if (!is2xx(retried[i].answer))
-        throw new Failure(`${summary}; a key ${retries[i].how} still answers ${statusOf(retried[i])} (stuck)`, [first[i], retried[i]]);
-      ctx.expectReplay(retried[i], again[i], "a key's second retry");
-      if (is2xx(first[i].answer) && !first[i].answer!.body.equals(retried[i].answer!.body)) {
-        throw new Failure(`${summary}; a key answered before the kill got another answer after the restart (executed again)`, [
-          first[i],
-          retried[i],
-        ]);
-      }
+        });
+      await Promise.all(first.values());
+      await (killed ?? killAndSeeDead(ctx));
+      answeredBefore = answeredBefore.slice(0, trigger);
     }
-    const ids = new Set(retried.map((x) => ctx.effectOf(x.answer)));
-    if (!ids.has(undefined) && ids.size !== keys.length) throw new Failure(`${summary}; ${keys.length} keys name ${ids.size} effects`, []);
-    const effects = await ctx.expectEffects(before, keys.length, `${keys.length} keys across a kill`, []);
-    return { outcome: 'pass', detail: `${keys.length} keys, ${inFlightAtKill} in flight at the kill; ${summary}${effects}` };
+    const firsts = new Map<string, Exchange>();
+    for (const key of keys) firsts.set(key, await first.get(key)!);
+    await ctx.hook('hold.disarm', hold?.disarm);
+    // Decided from what happened: a request the process accepted and never answered was open when it died.
+    const open = keys.filter((k) => !firsts.get(k)!.answer && firsts.get(k)!.error !== 'ECONNREFUSED');
+    const heldAnswered = held.filter((k) => firsts.get(k)!.answer);
+    if (heldAnswered.length > 0) {
+      const x = firsts.get(heldAnswered[0])!;
+      throw new BrokenRun(
+        'hold',
+        `hold: the held request answered ${x.answer!.status} before the API was seen dead: the hold did not keep it in its window until the kill`,
+        [x],
+      );
+    }
+    await ctx.hook('crash.start', crash.start);
+    const retries = new Map<string, { exchange: Exchange; how: string }>();
+    await Promise.all(keys.map(async (key) => retries.set(key, await retryAfterRestart(ctx, key, bodies.get(key), crash.retryWindowMs))));
+    const retried = (k: string) => retries.get(k)!.exchange;
+    const again = new Map<string, Exchange>();
+    await Promise.all(keys.map(async (key) => again.set(key, await ctx.send({ key, body: bodies.get(key), mayBeDown: true }))));
+    const summary = `first: ${histogram([...firsts.values()], (a) => ctx.isReplay(a))}; retried: ${histogram(keys.map(retried), (a) => ctx.isReplay(a))}`;
+    const evidenceOf = (ks: string[]) => ks.slice(0, 2).flatMap((k) => [firsts.get(k)!, retried(k)]);
+    const fail = (ks: string[], what: string, evidence = evidenceOf(ks)) => {
+      throw new Failure(`${what}: ${someKeys(ks)}; ${summary}`, evidence);
+    };
+    const stuck = keys.filter((k) => !is2xx(retried(k).answer));
+    if (stuck.length > 0)
+      fail(
+        stuck,
+        `${stuck.length} key(s) still answer ${statusOf(retried(stuck[0]))} after the restart, ${retries.get(stuck[0])!.how} (stuck)`,
+      );
+    const executedAgain = keys.filter((k) => {
+      const a = firsts.get(k)!.answer;
+      return is2xx(a) && !a!.body.equals(retried(k).answer!.body);
+    });
+    if (executedAgain.length > 0)
+      fail(
+        executedAgain,
+        `${executedAgain.length} key(s) answered before the kill got another answer after the restart (executed again, or the key forgotten)`,
+      );
+    const survived = held.filter((k) => ctx.isReplay(retried(k).answer!));
+    if (survived.length > 0)
+      throw new BrokenRun(
+        'hold',
+        `hold: key ${survived[0]}, killed while held before its key was recorded, replays after the restart: its key was recorded after the API was seen dead, so the hold outlived the process (CHECKS.md, "The hold")`,
+        evidenceOf(survived),
+      );
+    const notReplayed = keys.filter((k) => {
+      try {
+        ctx.expectReplay(retried(k), again.get(k)!, "a key's second retry");
+        return false;
+      } catch {
+        return true;
+      }
+    });
+    if (notReplayed.length > 0)
+      fail(
+        notReplayed,
+        `${notReplayed.length} key(s) whose second retry is not the replay of the first`,
+        notReplayed.slice(0, 2).flatMap((k) => [retried(k), again.get(k)!]),
+      );
+    const byEffect = new Map<string | undefined, string[]>();
+    for (const k of keys) byEffect.set(ctx.effectOf(retried(k).answer), [...(byEffect.get(ctx.effectOf(retried(k).answer)) ?? []), k]);
+    const shared = [...byEffect].find(([id, ks]) => id !== undefined && ks.length > 1);
+    if (!byEffect.has(undefined) && shared) fail(shared[1], `keys that name one effect (${shared[0]})`);
+    const tested = `${keys.length} keys: ${answeredBefore.length} answered before the kill, ${open.length} open when the process was seen dead${held.length ? ` (${held.length} held in the window: ${holdSignal})` : ''}`;
+    if (before !== undefined) {
+      const after = (await ctx.count())!;
+      // Which keys ran twice, or lost theirs: those open at the death whose retry executed anew (not a replay).
+      const anew = open.filter((k) => !ctx.isReplay(retried(k).answer!));
+      if (after - before > keys.length)
+        fail(
+          anew,
+          `${after - before} effects from ${keys.length} keys (${after - before - keys.length} extra); the keys open at the death whose retry executed anew, one of which ran twice`,
+        );
+      if (after - before < keys.length)
+        fail(
+          keys.filter((k) => is2xx(firsts.get(k)!.answer) || ctx.isReplay(retried(k).answer!)),
+          `${after - before} effects from ${keys.length} keys (${keys.length - (after - before)} lost); the keys answered as done, one of which has no effect`,
+        );
+    }
+    if (open.length === 0)
+      throw new Inconclusive(
+        `${tested}: nothing was open when the process died (every request answered before the kill took effect, or refused after it), so nothing was tested; configure hold so the kill lands in the window every run, or raise crash.keys`,
+      );
+    return { outcome: 'pass', detail: `${tested}; ${summary}${before === undefined ? '' : `; ${keys.length} effect(s)`}` };
   },
 };
 
@@ -653,7 +869,7 @@ async function retryAfterRestart(
   let deadline = started + windowMs;
   let asked = 0;
   for (;;) {
-    const x = await ctx.send({ key, body });
+    const x = await ctx.send({ key, body, mayBeDown: true });
     asked++;
     const again = !x.answer || x.answer.status === 409 || (x.answer.status === 503 && x.answer.headers['retry-after'] !== undefined);
     const how = `asked ${asked} time(s) over ${((Date.now() - started) / 1000).toFixed(1)} s after the restart`;
@@ -679,31 +895,41 @@ const crashAfterEffect: Check = {
       return { outcome: 'n/a', detail: 'needs effects to count (effects.list or effects.command): the fault it finds is a second effect' };
     const key = ctx.newKey();
     const body = ctx.heldBody(randomUUID());
-    const held = await ctx.sendHeld(key, body, before);
-    await crash.kill();
-    const cut = await held.exchange;
-    await hold.disarm?.();
-    await crash.start();
+    const held = await ctx.sendHeld([{ key, body }], before);
+    await killAndSeeDead(ctx);
+    const cut = await held.exchanges[0];
+    await ctx.hook('hold.disarm', hold.disarm);
     if (cut.answer)
-      throw new Failure(
-        `the held request was answered (${cut.answer.status}) although the API was killed: hold does not make it wait, or kill does not stop it`,
+      throw new BrokenRun(
+        'hold',
+        `hold: the held request answered ${cut.answer.status} before the API was seen dead: the hold did not keep it in its window until the kill`,
         [cut],
       );
+    await ctx.hook('crash.start', crash.start);
     const { exchange: retried, how } = await retryAfterRestart(ctx, key, body, crash.retryWindowMs);
     const after = (await ctx.count())!;
     const window = `killed inside the window (${held.signal})`;
     if (after - before > 1) {
       throw new Failure(
-        `${window}, restarted, retried: ${after - before} effects from one key — the key is recorded apart from the effect`,
+        `key ${key}: ${window}, restarted, retried: ${after - before} effects from one key — the key is recorded apart from the effect, or the API forgot its keys on restart (a key store that does not survive it): from outside the two look the same`,
         [cut, retried],
       );
     }
     if (!is2xx(retried.answer))
-      throw new Failure(`${window}, restarted: the retry, ${how}, still answers ${statusOf(retried)} (stuck)`, [cut, retried]);
+      throw new Failure(`key ${key}: ${window}, restarted: the retry, ${how}, still answers ${statusOf(retried)} (stuck)`, [cut, retried]);
+    if (ctx.isReplay(retried.answer!))
+      throw new BrokenRun(
+        'hold',
+        `hold: key ${key}, killed while held before its key was recorded, replays after the restart: its key was recorded after the API was seen dead, so the hold outlived the process (CHECKS.md, "The hold")`,
+        [cut, retried],
+      );
     const again = await ctx.send({ key, body });
-    ctx.expectReplay(retried, again, 'a second retry');
+    ctx.expectReplay(retried, again, `key ${key}: a second retry`);
     if (after - before !== 1)
-      throw new Failure(`${window}, restarted, retried ${retried.answer!.status}: ${after - before} effects, expected 1`, [cut, retried]);
+      throw new Failure(
+        `key ${key}: ${window}, restarted, retried ${retried.answer!.status}: ${after - before} effects, expected 1 (its effect lost)`,
+        [cut, retried],
+      );
     return { outcome: 'pass', detail: `${window}; the retry ${retried.answer!.status} (${how}), then replayed; 1 effect` };
   },
 };
@@ -715,6 +941,7 @@ export const CHECKS: readonly Check[] = [
   retryReplays,
   anotherBody,
   parallel,
+  conflictRetryAfter,
   otherCaller,
   reorderedJson,
   validationKeepsKey,
@@ -724,8 +951,8 @@ export const CHECKS: readonly Check[] = [
   crashOneEffect,
 ];
 
-export async function runCheck(check: Check, target: Target, http: HttpClient): Promise<CheckResult> {
-  const ctx = new CheckContext(target, http);
+export async function runCheck(check: Check, target: Target, http: HttpClient, run: RunState = {}): Promise<CheckResult> {
+  const ctx = new CheckContext(target, http, run);
   try {
     const verdict = await check.run(ctx);
     return {
@@ -737,7 +964,16 @@ export async function runCheck(check: Check, target: Target, http: HttpClient): 
       evidence: verdict.evidence ?? [],
     };
   } catch (err) {
-    const failure = err instanceof Failure ? err : new Failure(`the check could not run: ${(err as Error).message}`);
-    return { id: check.id, title: check.title, outcome: 'fail', detail: failure.message, notes: ctx.notes, evidence: failure.evidence };
+    const [outcome, evidence]: [Outcome, Exchange[]] =
+      err instanceof Failure
+        ? ['fail', err.evidence]
+        : err instanceof BrokenRun
+          ? ['broken', err.evidence]
+          : err instanceof Inconclusive
+            ? ['inconclusive', []]
+            : ['broken', []];
+    const detail =
+      outcome === 'broken' && !(err instanceof BrokenRun) ? `the check could not run: ${(err as Error).message}` : (err as Error).message;
+    return { id: check.id, title: check.title, outcome, detail, notes: ctx.notes, evidence };
   }
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/env node
 /**
- * node conformance/dist/cli.js --config my-api.json [--json]   (npx idempotency-key-conformance once published)
- * Black-box checks of an Idempotency-Key API (conformance/README.md; each check explained in docs/conformance.md).
- * Exit 0: no check failed; 1: a check failed; 2: the config or the run itself is broken.
+ * npx idempotency-key-conformance --config my-api.json [--json]
+ * Black-box checks of an Idempotency-Key API (README.md; each check explained in CHECKS.md, both in the package).
+ * Exit 0: no check failed; 1: a check failed; 2: the config or the run is broken; 3: inconclusive.
  */
+import { BrokenRun } from './checks.js';
 import { ConfigError, parseArgs, resolveTarget, USAGE } from './config.js';
-import { runConformance } from './kit.js';
+import { exitCodeOf, runConformance } from './kit.js';
 import { formatTable, toJson, useColour } from './report.js';
 
 async function main(): Promise<number> {
@@ -19,13 +20,13 @@ async function main(): Promise<number> {
   // Progress on stderr, so stdout holds only the table or the JSON.
   const report = await runConformance(target, (r) => void process.stderr.write(`${r.outcome.padEnd(6)} ${r.id}\n`));
   console.log(json ? toJson(report) : formatTable(report, useColour(process.stdout)));
-  return report.summary.fail > 0 ? 1 : 0;
+  return exitCodeOf(report);
 }
 
 main().then(
   (code) => (process.exitCode = code),
   (err: unknown) => {
-    console.error(err instanceof ConfigError ? `conformance: ${err.message}` : err);
+    console.error(err instanceof ConfigError || err instanceof BrokenRun ? `conformance: ${err.message}` : err);
     process.exitCode = 2;
   },
 );

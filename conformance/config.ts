@@ -2,6 +2,7 @@ import { exec } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
+import { CHECKS } from './checks.js';
 import { loopbackBase } from './http.js';
 
 const sh = promisify(exec);
@@ -80,6 +81,9 @@ export const MAX_PARALLEL = 32;
 export const DEFAULT_RETRY_WINDOW_MS = 30_000;
 
 export class ConfigError extends Error {}
+
+export const unknownChecks = (ids: string[]) =>
+  `unknown check id in only: ${ids.join(', ')} (known: ${CHECKS.map((c) => c.id).join(', ')})`;
 
 function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
@@ -180,11 +184,13 @@ export function validateConfig(raw: unknown): KitConfig {
   if (config.hold && config.hold.headers === undefined && config.hold.body === undefined && config.hold.arm === undefined) {
     throw new ConfigError('hold needs headers, a body or an arm command: what makes the request wait after its effect');
   }
+  const unknown = (config.only ?? []).filter((id) => !CHECKS.some((c) => c.id === id));
+  if (unknown.length > 0) throw new ConfigError(unknownChecks(unknown));
   return { ...config, operation: { ...config.operation, method: config.operation.method.toUpperCase() }, parallel: config.parallel ?? 10 };
 }
 
-const FLAG_HELP = `node conformance/dist/cli.js --base URL --method POST --path /orders --body '{…}' --caller-a 'Authorization: Bearer A' --caller-b 'Authorization: Bearer B' [options]
-  --config FILE             the same as JSON (flags override it; relative to the directory you ran from); see conformance/README.md
+const FLAG_HELP = `npx idempotency-key-conformance --base URL --method POST --path /orders --body '{…}' --caller-a 'Authorization: Bearer A' --caller-b 'Authorization: Bearer B' [options]
+  --config FILE             the same as JSON (flags override it; relative to the directory you ran from): README.md
   --base URL                the API's base URL, on loopback (http://127.0.0.1:3000)
   --method M --path P       the write operation (POST /orders)
   --body JSON               a valid body; {{unique}} in a string becomes a fresh value per key
@@ -197,16 +203,20 @@ const FLAG_HELP = `node conformance/dist/cli.js --base URL --method POST --path 
   --effect-id location|body:FIELD   what names an effect in an answer
   --replay-header NAME      the replay marker (found by itself if absent)
   --openapi PATH            the OpenAPI document's path on the base (JSON)
-  --hold-header 'Name: value'   makes a request wait after its effect is written (repeat for more): the window check, the races
+  --hold-header 'Name: value'   makes a request wait after its effect is written (repeat for more): the crash checks, the
+                            races; it must end with the API's process (CHECKS.md, "The hold")
   --kill-command CMD --start-command CMD   the crash checks (start must return once started: detach the app's output)
-  --keys N                  keys in flight at the crash check's kill (24)
+  --keys N                  keys sent across crash-one-effect's kill (24)
   --retry-window-ms MS      how long the crash checks retry a key after the restart (${DEFAULT_RETRY_WINDOW_MS}; a longer Retry-After extends it)
   --parallel N              identical requests at once (10; 2 to ${MAX_PARALLEL})
   --timeout-ms MS           per-request timeout (30000)
   --only id,id              run only these checks
   --json                    one JSON document on stdout (for CI)
   --help                    this
-Exit 0: no check failed; 1: a check failed; 2: the config or the run is broken.`;
+What each check sends, expects and catches: CHECKS.md; the config: README.md (both in this package, and on its npm page).
+Exit 0: no check failed; 1: a check failed; 2: the run is broken (the config, an API that is not answering, a hold
+it ignores, a kill that did not kill: the part to fix is named); 3: inconclusive, nothing failed but a check could
+not provoke what it tests (nothing in flight at the kill).`;
 
 export const USAGE = FLAG_HELP;
 

@@ -1,4 +1,5 @@
 import { Agent, request } from 'node:http';
+import { connect } from 'node:net';
 
 /** One request as the kit sent it. Header values may repeat (two Idempotency-Key lines): hence node:http, not fetch, which merges them. */
 export interface Sent {
@@ -133,4 +134,23 @@ export function jsonOf(answer: Answer | undefined): unknown {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * Whether anything accepts a TCP connection at the base: 'open', or the reason nothing did (ECONNREFUSED: no
+ * process listens). How the kit sees a target down before a run, and a killed API gone.
+ */
+export function probe(base: URL, timeoutMs = 2_000): Promise<string> {
+  return new Promise((resolve) => {
+    const socket = connect({ host: base.hostname.replace(/^\[|\]$/g, ''), port: Number(base.port || 80), timeout: timeoutMs });
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve('open');
+    });
+    socket.once('timeout', () => {
+      socket.destroy();
+      resolve(`no connection within ${timeoutMs} ms`);
+    });
+    socket.once('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message));
+  });
 }

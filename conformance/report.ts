@@ -10,7 +10,14 @@ export function useColour(stream: NodeJS.WriteStream): boolean {
 }
 
 const paint = (on: boolean, code: number, text: string) => (on ? `\x1b[${code}m${text}\x1b[0m` : text);
-const LABEL = { pass: ['PASS', 32], fail: ['FAIL', 31], 'n/a': ['N/A', 33], choice: ['CHOICE', 36] } as const;
+const LABEL = {
+  pass: ['PASS', 32],
+  fail: ['FAIL', 31],
+  'n/a': ['N/A', 33],
+  choice: ['CHOICE', 36],
+  inconclusive: ['INCONCL', 35],
+  broken: ['BROKEN', 31],
+} as const;
 
 function shorten(text: string): string {
   const one = text.replace(/\s+/g, ' ');
@@ -50,14 +57,21 @@ export function formatTable(report: KitReport, colour: boolean): string {
   const width = Math.max(...report.results.map((r) => r.id.length));
   const rows = report.results.flatMap((r: CheckResult) => {
     const [label, code] = LABEL[r.outcome];
-    const out = [`${paint(colour, code, label.padEnd(6))}  ${r.id.padEnd(width)}  ${r.detail}`];
-    for (const note of r.notes) out.push(`${' '.repeat(width + 10)}note: ${note}`);
-    if (r.outcome === 'fail') for (const x of r.evidence) out.push(...describeExchange(x).map((l) => `${' '.repeat(width + 10)}${l}`));
+    const out = [`${paint(colour, code, label.padEnd(7))}  ${r.id.padEnd(width)}  ${r.detail}`];
+    for (const note of r.notes) out.push(`${' '.repeat(width + 11)}note: ${note}`);
+    for (const x of r.outcome === 'pass' ? [] : r.evidence) out.push(...describeExchange(x).map((l) => `${' '.repeat(width + 11)}${l}`));
     return out;
   });
-  const { pass, fail } = report.summary;
-  const tail = `${pass} passed, ${fail} failed, ${report.summary.choice} design choice(s), ${report.summary['n/a']} not applicable — ${report.operation} at ${report.base}`;
-  return [...rows, '', fail > 0 ? paint(colour, 31, tail) : paint(colour, 32, tail)].join('\n');
+  const { pass, fail, broken, inconclusive } = report.summary;
+  const extra = [
+    broken > 0 && `${broken} broken (the run could not test: fix the part named)`,
+    inconclusive > 0 && `${inconclusive} inconclusive`,
+  ]
+    .filter(Boolean)
+    .map((t) => `, ${t}`)
+    .join('');
+  const tail = `${pass} passed, ${fail} failed, ${report.summary.choice} design choice(s), ${report.summary['n/a']} not applicable${extra} — ${report.operation} at ${report.base}`;
+  return [...rows, '', paint(colour, fail + broken > 0 ? 31 : inconclusive > 0 ? 35 : 32, tail)].join('\n');
 }
 
 /** For CI: bodies as text, evidence only where it explains a failure. */

@@ -1,5 +1,5 @@
 /**
- * The kit's own targets: a small order API on PostgreSQL (node:http and pg, no framework) in one of two designs, each
+ * The kit's own targets: a small order API on PostgreSQL (node:http and pg, no framework) in one of three designs, each
  * correct but for one fault the kit must find (docs/conformance.md#the-kits-own-targets):
  *   TARGET_DESIGN=key-after-commit  the key is claimed, the order committed in the handler's own transaction, and the
  *                                   answer recorded after it: the design of the SQL stores that wrap a handler. A kill
@@ -8,6 +8,8 @@
  *   TARGET_DESIGN=route-key         the key, the order and the answer in one transaction (atomic), but the key is
  *                                   looked up by method + path + key alone: another caller's key is a replay of the
  *                                   first caller's answer. Found by other-caller-own-effect.
+ *   TARGET_DESIGN=forget-on-restart the order in PostgreSQL, the keys and their answers in the process's memory: a
+ *                                   restart forgets every key, and each retry orders again. Found by both crash checks.
  *   node dist/conformance/targets/orders-target.js   (DATABASE_URL, PORT, TARGET_DESIGN; CONFORMANCE_HOOKS=1 for Conformance-Hold)
  */
 import { createHash, randomUUID } from 'node:crypto';
@@ -15,9 +17,10 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 
-type Design = 'key-after-commit' | 'route-key';
+type Design = 'key-after-commit' | 'route-key' | 'forget-on-restart';
 const design = process.env.TARGET_DESIGN as Design;
-if (design !== 'key-after-commit' && design !== 'route-key') throw new Error('TARGET_DESIGN must be key-after-commit or route-key');
+if (design !== 'key-after-commit' && design !== 'route-key' && design !== 'forget-on-restart')
+  throw new Error('TARGET_DESIGN must be key-after-commit, route-key or forget-on-restart');
 const hooks = process.env.CONFORMANCE_HOOKS === '1';
 /** How long a claim of key-after-commit keeps other requests out (its lease): a crashed request's key is free after it. */
 const CLAIM_SECONDS = 5;
@@ -125,7 +128,7 @@ async function insertOrder(db: pg.PoolClient, clientId: string, order: OrderInpu
 async function hold(req: IncomingMessage, res: ServerResponse): Promise<void> {
   const ms = Number(req.headers['conformance-hold']);
   if (!hooks || !(ms > 0)) return;
-  if (design === 'route-key') res.writeProcessing();
+  if (design !== 'key-after-commit') res.writeProcessing();
   await sleep(Math.min(ms, 60_000));
 }
 
@@ -144,6 +147,7 @@ async function create(req: IncomingMessage, res: ServerResponse, clientId: strin
   const fingerprint = createHash('sha256').update(canonical(body)).digest('hex');
   // THE FAULT of route-key: the scope names the route, not the caller.
   const scope = design === 'route-key' ? 'POST /orders' : `${clientId} POST /orders`;
+  if (design === 'forget-on-restart') return inMemoryKeys(scope, key, fingerprint, order, clientId, req, res);
   const db = await pool.connect();
   try {
     return design === 'route-key'
@@ -242,6 +246,44 @@ async function keyAfterCommit(
     reply.headers,
     reply.body,
   ]);
+  return reply;
+}
+
+/** forget-on-restart's key store: this process's memory. `undefined` reply: a request with the key is in progress. */
+const keysInMemory = new Map<string, { fingerprint: string; reply?: Reply }>();
+
+/** forget-on-restart: the key claimed and its answer kept in memory, the order committed in PostgreSQL. */
+async function inMemoryKeys(
+  scope: string,
+  key: string,
+  fingerprint: string,
+  order: OrderInput,
+  clientId: string,
+  req: IncomingMessage,
+  res: ServerResponse,
+): Promise<Reply> {
+  const id = `${scope} ${key}`;
+  const known = keysInMemory.get(id);
+  if (known) {
+    if (known.fingerprint !== fingerprint) return problem(422, 'Idempotency-Key is already used with another body');
+    if (known.reply) return { ...known.reply, headers: { ...known.reply.headers, 'idempotent-replayed': 'true' } };
+    const busy = problem(409, 'A request with this Idempotency-Key is in progress');
+    return { ...busy, headers: { ...busy.headers, 'retry-after': '1' } };
+  }
+  keysInMemory.set(id, { fingerprint });
+  const db = await pool.connect();
+  let reply: Reply;
+  try {
+    reply = await insertOrder(db, clientId, order);
+  } catch (err) {
+    keysInMemory.delete(id);
+    throw err;
+  } finally {
+    db.release();
+  }
+  await hold(req, res);
+  // THE FAULT of forget-on-restart: the answer lives only as long as this process.
+  keysInMemory.set(id, { fingerprint, reply });
   return reply;
 }
 
