@@ -18,7 +18,7 @@ import { Registry } from 'prom-client';
 import { OrdersModule } from './orders/orders.module.js';
 import { PaymentsModule } from './payments/payments.module.js';
 import { PspClientModule } from './psp-client/psp-client.module.js';
-import { PspSandboxModule } from '#psp-sandbox';
+import { PspSandboxModule, selfUrl } from '#psp-sandbox';
 import { SubmitTokensModule } from './submit-tokens/submit-tokens.module.js';
 import { WebhooksModule } from './webhooks/webhooks.module.js';
 import { ProblemFilter, problemType, requestIdOf, toProblem } from '#service-kit';
@@ -112,8 +112,7 @@ export class AppModule {
           inject: [HttpAdapterHost],
           useFactory: (host: HttpAdapterHost) => ({
             // The in-process sandbox is called over real HTTP on this app's own port (known once it listens).
-            baseUrl: () =>
-              config.pspBaseUrl ?? `http://127.0.0.1:${((host.httpAdapter.getHttpServer() as Server).address() as AddressInfo).port}/psp`,
+            baseUrl: () => config.pspBaseUrl ?? `${selfUrl((host.httpAdapter.getHttpServer() as Server).address() as AddressInfo)}/psp`,
             timeoutMs: config.pspTimeoutMs,
             maxAttempts: config.pspMaxAttempts,
             breakerThreshold: config.pspBreakerThreshold,

@@ -20,12 +20,12 @@ const portInUse = (port: number, cause: unknown) =>
   new StartupError(`PORT ${port} is in use by another program (another npm start?): set PORT to a free port`, { cause });
 
 /** Before the database is started and migrated: a port someone else holds is refused at once. */
-async function checkPortFree(port: number): Promise<void> {
+async function checkPortFree(port: number, host: string): Promise<void> {
   if (port === 0) return;
   const probe = createServer();
   await new Promise<void>((listening, failed) => {
     probe.once('error', failed);
-    probe.listen(port, '0.0.0.0', listening);
+    probe.listen(port, host, listening);
   }).catch((err: unknown) => {
     throw (err as NodeJS.ErrnoException).code === 'EADDRINUSE' ? portInUse(port, err) : err;
   });
@@ -33,9 +33,9 @@ async function checkPortFree(port: number): Promise<void> {
 }
 
 /** listen(), with a port taken since checkPortFree said in the same line. */
-async function listen(app: NestFastifyApplication, port: number): Promise<number> {
+async function listen(app: NestFastifyApplication, port: number, host: string): Promise<number> {
   try {
-    await app.listen(port, '0.0.0.0');
+    await app.listen(port, host);
   } catch (err) {
     throw (err as NodeJS.ErrnoException).code === 'EADDRINUSE' ? portInUse(port, err) : err;
   }
@@ -43,10 +43,25 @@ async function listen(app: NestFastifyApplication, port: number): Promise<number
   return (app.getHttpServer().address() as { port: number }).port;
 }
 
+const WILDCARDS = new Set(['0.0.0.0', '::']);
+const LOOPBACK = /^(127\.|::1$|::ffff:127\.)/;
+
+/** The host to type into a browser for a bound address: localhost for loopback and for every interface (which include it). */
+const browsableHost = (host: string) =>
+  WILDCARDS.has(host) || LOOPBACK.test(host) ? 'localhost' : host.includes(':') ? `[${host}]` : host;
+
+/** Who can reach it: said, because "localhost" alone would not tell a loopback bind from every interface. */
+const boundTo = (host: string) =>
+  WILDCARDS.has(host)
+    ? `bound to ${host}: every interface, reachable from other machines`
+    : LOOPBACK.test(host)
+      ? `bound to ${host}: this machine only; HOST=0.0.0.0 to be reachable from others`
+      : `bound to ${host} only`;
+
 async function bootstrap(): Promise<void> {
   loadEnvFile();
   const config = loadConfig();
-  await checkPortFree(config.port);
+  await checkPortFree(config.port, config.host);
   // Said before the wait, so that a wrong address is seen at once.
   if (config.databaseUrl) console.log(`connecting to DATABASE_URL (${databaseAddress(config.databaseUrl)})`);
   const database = await openDatabaseServer(config);
@@ -58,16 +73,16 @@ async function bootstrap(): Promise<void> {
   try {
     app = await createHttpApp({ config, databaseUrl: database.url });
     applied = await applyMigrations(app.get(DataSource), config.databaseMigrationUrl);
-    port = await listen(app, config.port);
+    port = await listen(app, config.port, config.host);
   } catch (err) {
     await app?.close().catch(() => undefined);
     await database.stop();
     throw err;
   }
   // Last, so that it is what the first screen shows.
-  const url = `http://localhost:${port}`;
+  const url = `http://${browsableHost(config.host)}:${port}`;
   const lines = [
-    `idempotent-orders listening on ${url}`,
+    `idempotent-orders listening on ${url} (${boundTo(config.host)})`,
     `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir} (port ${config.embeddedPgPort})` : `DATABASE_URL (${databaseAddress(database.url)})`}` +
       (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
     `  Swagger UI: ${url}/docs (OpenAPI at ${url}/docs-json)`,

@@ -6,7 +6,9 @@ type Env = Record<string, string | undefined>;
 
 /** Every variable the service reads (the configuration table in docs/running-it.md). */
 const VARIABLES = [
+  'NODE_ENV',
   'PORT',
+  'HOST',
   'DATABASE_URL',
   'DATABASE_MIGRATION_URL',
   'EMBEDDED_PG_DIR',
@@ -77,7 +79,9 @@ describe('.env.example', () => {
 describe('loadConfig: defaults', () => {
   it('an empty environment is an embedded dev run with every documented default', () => {
     expect(loadConfig({})).toEqual({
+      production: false,
       port: 3000,
+      host: '127.0.0.1',
       databaseUrl: undefined,
       embeddedPgDir: '.data/postgres',
       embeddedPgPort: 54329,
@@ -139,7 +143,9 @@ describe('loadConfig: defaults', () => {
 
   it('reads every variable it is given', () => {
     const config = loadConfig({
+      NODE_ENV: 'development',
       PORT: '8080',
+      HOST: '::',
       DATABASE_URL: 'postgresql://u:p@localhost/db',
       EMBEDDED_PG_DIR: '/var/lib/io',
       EMBEDDED_PG_PORT: '6543',
@@ -168,7 +174,9 @@ describe('loadConfig: defaults', () => {
       LOG_LEVEL: 'debug',
     });
     expect(config).toEqual({
+      production: false,
       port: 8080,
+      host: '::',
       databaseUrl: 'postgresql://u:p@localhost/db',
       embeddedPgDir: '/var/lib/io',
       embeddedPgPort: 6543,
@@ -232,6 +240,9 @@ describe('loadConfig: the sandbox provider never serves a real database by accid
 
 describe('loadConfig: a bad value stops with a ConfigError naming the variable', () => {
   const cases: [variable: string, env: Env][] = [
+    ['NODE_ENV', { NODE_ENV: 'prod' }],
+    ['HOST', { HOST: 'example.com' }],
+    ['HOST', { HOST: '300.1.1.1' }],
     ['PORT', { PORT: 'abc' }],
     ['PORT', { PORT: '70000' }],
     ['PORT', { PORT: '-1' }],
@@ -246,7 +257,7 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['API_KEYS', { API_KEYS: 'al ice:alice-secret-0123456789' }],
     ['API_KEYS', { API_KEYS: 'alice:alice-secret-0123456789,' }],
     ['API_KEYS', { API_KEYS: 'alice:short' }],
-    ['API_KEYS', { API_KEYS: 'alice:alice-secret-0123456789,alice:other-secret-0123456789' }],
+    ['API_KEYS', { API_KEYS: 'alice:alice-secret-0123456789,alice:alice-secret-0123456789' }],
     ['API_KEYS', { API_KEYS: 'alice:shared-secret-0123456789,bob:shared-secret-0123456789' }],
     ['API_KEYS', { DATABASE_URL: PG_URL }],
     ['API_KEYS', { DATABASE_URL: PG_URL, API_KEYS: '   ' }],
@@ -257,8 +268,8 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['DATABASE_POOL_SIZE', { DATABASE_POOL_SIZE: '1' }],
     ['DATABASE_POOL_WAIT_MS', { DATABASE_POOL_WAIT_MS: '0' }],
     ['SUBMIT_TOKEN_TTL_SECONDS', { SUBMIT_TOKEN_TTL_SECONDS: 'x' }],
-    ['PSP_BASE_URL', { PSP_BASE_URL: 'ftp://x' }],
-    ['PSP_BASE_URL', { PSP_BASE_URL: 'not a url' }],
+    ['PSP_BASE_URL', { API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'ftp://x' }],
+    ['PSP_BASE_URL', { API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'not a url' }],
     ['PSP_MAX_LATENCY_MS', { PSP_MAX_LATENCY_MS: '-1' }],
     ['PSP_MAX_LATENCY_MS', { PSP_MAX_LATENCY_MS: '5m' }],
     ['PSP_KEY_RETENTION_HOURS', { PSP_KEY_RETENTION_HOURS: '0' }],
@@ -428,7 +439,11 @@ describe('loadConfig: a secret never appears in an error message', () => {
     ['a short API key', 'Sup3rS3cr', { API_KEYS: 'alice:Sup3rS3cr' }],
     ['an API key next to a malformed client id', SECRET, { API_KEYS: `al ice:${SECRET}` }],
     ['an API key next to a malformed entry', SECRET, { API_KEYS: `alice:${SECRET},bob` }],
-    ['a duplicated client', SECRET, { API_KEYS: `alice:${SECRET},alice:${SECRET}-2` }],
+    [
+      'a hand-typed key in production',
+      'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+      { ...REAL, NODE_ENV: 'production', API_KEYS: `alice:${'x'.repeat(30)}` },
+    ],
     ['a duplicated secret', SECRET, { API_KEYS: `alice:${SECRET},bob:${SECRET}` }],
     ['an API key written with = instead of :', SECRET, { API_KEYS: `alice=${SECRET}` }],
     ['a short webhook secret', 'Sup3rS3cr', { PSP_WEBHOOK_SECRET: 'Sup3rS3cr' }],

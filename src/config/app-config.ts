@@ -3,6 +3,7 @@
  * A bad value stops start-up with a message that names the variable (see `ConfigError`); every bad
  * or missing variable is named at once, not one per start.
  */
+import { isIP } from 'node:net';
 import { ConfigError, LOG_LEVEL_NAMES, type LogLevelName } from '#service-kit';
 
 export interface ApiClient {
@@ -11,7 +12,11 @@ export interface ApiClient {
 }
 
 export interface AppConfig {
+  /** NODE_ENV=production: every published development default (key, secret, sandbox) is refused, and weak secrets too. */
+  production: boolean;
   port: number;
+  /** HOST: the address to listen on. Default: 127.0.0.1 in development (nobody else reaches the dev key), 0.0.0.0 in production. */
+  host: string;
   /** Unset: the service starts an embedded PostgreSQL in `embeddedPgDir`. */
   databaseUrl?: string;
   /** DATABASE_MIGRATION_URL: a direct connection for the migrations (and their lock) when DATABASE_URL goes through a pooler. */
@@ -182,7 +187,15 @@ const printableKeys = (raw: string) =>
     .map((pair) => `${pair.split(':')[0].split('=')[0].trim()}:***`)
     .join(',');
 
-function apiClients(env: Env, raw: string): ApiClient[] {
+/**
+ * Secrets a person typed rather than generated: refused in production (the length floor of 16 holds everywhere).
+ * 24 characters of a generator (openssl rand -hex 16 gives 32) carry 96 bits or more, and 24 random characters
+ * have 8 different ones with a probability of 1 - 1e-5 even from hex; "aaaa…" or "abab…" have 1 or 2.
+ */
+const MIN_PRODUCTION_KEY_LENGTH = 24;
+const MIN_DISTINCT_CHARACTERS = 8;
+
+function apiClients(env: Env, raw: string, production: boolean): ApiClient[] {
   const clients = raw.split(',').map((pair) => {
     const at = pair.indexOf(':');
     return { at, clientId: pair.slice(0, at).trim(), secret: pair.slice(at + 1).trim() };
@@ -191,22 +204,73 @@ function apiClients(env: Env, raw: string): ApiClient[] {
     const problem = 'must be a comma-separated list of clientId:secret (clientId of letters, digits, ._-; secret of 16+ characters)';
     return invalid(env, new ConfigError('API_KEYS', problem, printableKeys(raw)), []);
   }
-  const ids = new Set(clients.map((c) => c.clientId));
+  // One client id may appear with several secrets (a rotation: add the new key, deploy, remove the old); a secret names one client.
   const secrets = new Set(clients.map((c) => c.secret));
-  if (ids.size !== clients.length || secrets.size !== clients.length) {
-    return invalid(env, new ConfigError('API_KEYS', 'must not repeat a clientId or a secret', printableKeys(raw)), []);
+  if (secrets.size !== clients.length) {
+    return invalid(env, new ConfigError('API_KEYS', 'must not repeat a secret', printableKeys(raw)), []);
+  }
+  // The published dev key is refused by a rule of its own, which says why.
+  const weak = clients.filter(
+    ({ secret }) =>
+      secret !== DEV_API_CLIENT.secret && (secret.length < MIN_PRODUCTION_KEY_LENGTH || new Set(secret).size < MIN_DISTINCT_CHARACTERS),
+  );
+  if (production && weak.length) {
+    const problem =
+      `must hold generated secrets when NODE_ENV=production: ${weak.map((c) => c.clientId).join(', ')} ` +
+      `has a secret under ${MIN_PRODUCTION_KEY_LENGTH} characters or of fewer than ${MIN_DISTINCT_CHARACTERS} different ones (e.g. openssl rand -hex 16)`;
+    return invalid(env, new ConfigError('API_KEYS', problem, printableKeys(raw)), []);
   }
   return clients.map(({ clientId, secret }) => ({ clientId, secret }));
 }
 
 /** A Standard Webhooks secret: `whsec_` + base64 of at least 16 random bytes (the prefix is optional, as for the library). */
-function webhookSecret(env: Env, raw: string): string {
+function webhookSecret(env: Env, raw: string, production: boolean): string {
   const encoded = raw.startsWith('whsec_') ? raw.slice('whsec_'.length) : raw;
   const wellFormed = /^[A-Za-z0-9+/]+={0,2}$/.test(encoded) && encoded.length % 4 === 0;
-  if (!wellFormed || Buffer.from(encoded, 'base64').length < 16) {
+  const bytes = Buffer.from(encoded, 'base64');
+  if (!wellFormed || bytes.length < 16) {
     // The value is never printed: even a malformed secret may be a real one with a typo.
     return invalid(env, new ConfigError('PSP_WEBHOOK_SECRET', 'must be whsec_ followed by the base64 of at least 16 bytes', '***'), raw);
   }
+  // 16 random bytes hold about 15 different values (fewer than 8: odds of 1e-12); 16 zero bytes hold one.
+  if (production && new Set(bytes).size < MIN_DISTINCT_CHARACTERS) {
+    const problem = `must be random bytes when NODE_ENV=production (these hold fewer than ${MIN_DISTINCT_CHARACTERS} different values): whsec_ + openssl rand -base64 32`;
+    return invalid(env, new ConfigError('PSP_WEBHOOK_SECRET', problem, '***'), raw);
+  }
+  return raw;
+}
+
+/** Only the usual three words: "prod" or "Production" must not quietly mean development (and its defaults). */
+function nodeEnv(env: Env): string | undefined {
+  const raw = env.NODE_ENV?.trim();
+  if (!raw) return undefined;
+  if (!['production', 'development', 'test'].includes(raw))
+    return invalid(env, new ConfigError('NODE_ENV', 'must be production, development or test (or unset: development)', raw), 'production');
+  return raw;
+}
+
+/**
+ * Why the published development defaults are refused, or undefined in development. They are in this repository,
+ * so they must never guard real data (DATABASE_URL), sign for a real provider (PSP_BASE_URL), or run in production.
+ */
+function deployment(env: Env, databaseUrl: string | undefined): string | undefined {
+  if (databaseUrl) return 'DATABASE_URL is set';
+  if (env.NODE_ENV?.trim() === 'production') return 'NODE_ENV=production';
+  if (env.PSP_BASE_URL?.trim()) return 'PSP_BASE_URL names a real provider';
+  return undefined;
+}
+
+/**
+ * HOST: where to listen. Development binds loopback, so the dev key and the sandbox are this machine's alone;
+ * production (a container behind a load balancer) binds every interface. An address, not a name: the banner and
+ * the in-process sandbox's webhooks must know exactly where the service is.
+ */
+function listenHost(env: Env, production: boolean): string {
+  const raw = env.HOST?.trim();
+  const fallback = production ? '0.0.0.0' : '127.0.0.1';
+  if (raw === undefined || raw === '') return fallback;
+  if (isIP(raw) === 0)
+    return invalid(env, new ConfigError('HOST', 'must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::)', raw), fallback);
   return raw;
 }
 
@@ -249,11 +313,26 @@ function pspSandbox(
   env: Env,
   databaseUrl: string | undefined,
   pspBaseUrl: string | undefined,
+  production: boolean,
 ): Pick<AppConfig, 'pspSandbox' | 'pspSandboxOptedIn'> {
   const raw = env.PSP_SANDBOX?.trim() || undefined;
   const off = { pspSandbox: 'off', pspSandboxOptedIn: false } as const;
   if (raw !== undefined && raw !== 'in-process')
     return invalid(env, new ConfigError('PSP_SANDBOX', 'must be in-process or unset', raw), off);
+  if (production && raw)
+    return invalid(
+      env,
+      new ConfigError(
+        'PSP_SANDBOX',
+        'must be unset when NODE_ENV=production: the sandbox is a development tool that charges for anyone',
+        raw,
+      ),
+      off,
+    );
+  if (production && !pspBaseUrl && !hasProblem(env, 'PSP_BASE_URL')) {
+    const problem = 'is required when NODE_ENV=production: the in-process sandbox is mounted in development only';
+    return invalid(env, new ConfigError('PSP_BASE_URL', problem, ''), off);
+  }
   if (pspBaseUrl) {
     if (raw)
       return invalid(
@@ -357,27 +436,25 @@ export function loadConfig(env: Env = process.env): AppConfig {
 
 function readConfig(env: Env): AppConfig {
   const { databaseUrl, databaseMigrationUrl, embeddedPgDir, embeddedPgPort } = loadDatabaseConfig(env);
+  const production = nodeEnv(env) === 'production';
+  const deployed = deployment(env, databaseUrl);
   const rawKeys = env.API_KEYS?.trim();
-  if (!rawKeys && databaseUrl) {
-    // The dev key is published in the README: it must never guard a real database.
-    invalid(env, new ConfigError('API_KEYS', 'is required when DATABASE_URL is set', ''), undefined);
+  if (!rawKeys && deployed) {
+    // The dev key is published in the README: it must never guard real data or a real provider's charges.
+    invalid(env, new ConfigError('API_KEYS', `is required when ${deployed}`, ''), undefined);
   }
   let logLevel = env.LOG_LEVEL || 'info';
   if (!(LOG_LEVEL_NAMES as readonly string[]).includes(logLevel)) {
     logLevel = invalid(env, new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVEL_NAMES.join(', ')}`, logLevel), 'info');
   }
-  const clients = rawKeys ? apiClients(env, rawKeys) : [DEV_API_CLIENT];
-  if (databaseUrl && rawKeys && clients.some((client) => client.secret === DEV_API_CLIENT.secret)) {
-    invalid(
-      env,
-      new ConfigError('API_KEYS', 'must not use the published dev secret when DATABASE_URL is set', printableKeys(rawKeys)),
-      undefined,
-    );
+  const clients = rawKeys ? apiClients(env, rawKeys, production) : [DEV_API_CLIENT];
+  if (deployed && rawKeys && clients.some((client) => client.secret === DEV_API_CLIENT.secret)) {
+    invalid(env, new ConfigError('API_KEYS', `must not use the published dev secret when ${deployed}`, printableKeys(rawKeys)), undefined);
   }
   const rawWebhookSecret = env.PSP_WEBHOOK_SECRET?.trim();
-  if (databaseUrl && (!rawWebhookSecret || rawWebhookSecret === DEV_WEBHOOK_SECRET)) {
+  if (deployed && (!rawWebhookSecret || rawWebhookSecret === DEV_WEBHOOK_SECRET)) {
     // Whoever knows the dev secret (everyone: it is in the repository) could forge "charge.succeeded".
-    const problem = 'is required when DATABASE_URL is set, and must not be the published dev secret';
+    const problem = `is required when ${deployed}, and must not be the published dev secret`;
     invalid(env, new ConfigError('PSP_WEBHOOK_SECRET', problem, rawWebhookSecret ? '***' : ''), undefined);
   }
   // 2 s per attempt: a card charge normally answers well under a second; past 2 s a retry under the same key is the better bet.
@@ -407,8 +484,10 @@ function readConfig(env: Env): AppConfig {
   }
   const pspBaseUrl = url(env, 'PSP_BASE_URL', ['http:', 'https:']);
   return {
+    production,
     // 3000: what a Nest (or any Node) developer tries first. 0 = any free port (tests).
     port: integer(env, 'PORT', 3000, 0, 65535),
+    host: listenHost(env, production),
     databaseUrl,
     databaseMigrationUrl,
     embeddedPgDir,
@@ -431,7 +510,7 @@ function readConfig(env: Env): AppConfig {
     // 10 min: a form is filled in and submitted well within it; an abandoned token soon stops counting.
     submitTokenTtlSeconds: integer(env, 'SUBMIT_TOKEN_TTL_SECONDS', 600, 1, 86_400),
     pspBaseUrl,
-    ...pspSandbox(env, databaseUrl, pspBaseUrl),
+    ...pspSandbox(env, databaseUrl, pspBaseUrl, production),
     // 5 min: a request queued behind a load balancer or a retrying proxy is acted on within seconds; minutes
     // is the bound real providers' own retries and queues stay inside. 0 trusts that a request is never late.
     pspMaxLatencyMs: integer(env, 'PSP_MAX_LATENCY_MS', 300_000, 0, 86_400_000),
@@ -443,7 +522,7 @@ function readConfig(env: Env): AppConfig {
     pspBreakerThreshold: integer(env, 'PSP_BREAKER_THRESHOLD', 5, 1, 1_000),
     // 10 s: short enough that a recovered provider is used again quickly, long enough to give it air.
     pspBreakerHalfOpenMs: integer(env, 'PSP_BREAKER_HALF_OPEN_MS', 10_000, 100, 600_000),
-    pspWebhookSecret: rawWebhookSecret ? webhookSecret(env, rawWebhookSecret) : DEV_WEBHOOK_SECRET,
+    pspWebhookSecret: rawWebhookSecret ? webhookSecret(env, rawWebhookSecret, production) : DEV_WEBHOOK_SECRET,
     usingDevWebhookSecret: !rawWebhookSecret,
     pspWebhookDelivery: webhookDelivery(env),
     // Off by default: the sandbox's webhooks arrive once unless a test or demo asks for duplicates.

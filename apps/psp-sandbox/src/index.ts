@@ -6,5 +6,6 @@ export { pspSandboxMigrations } from '../migrations/index.js';
 export { AnswerDelays } from './answer-delays.js';
 export { PSP_SANDBOX_TAG } from './psp-sandbox.controller.js';
 export { PspSandboxModule } from './psp-sandbox.module.js';
+export { selfUrl } from './self-url.js';
 export type { SandboxOptions, SandboxWebhookDelivery, SandboxWebhookOptions } from './sandbox-options.js';
 export { WebhookRelay } from './webhook-relay.js';

@@ -4,6 +4,7 @@ import type { Server } from 'node:http';
 import { Webhook } from 'standardwebhooks';
 import { RelayLoop, retryDelayMs as backoffMs } from '#outbox-relay';
 import { SandboxDatabase } from './sandbox-database.js';
+import { selfUrl } from './self-url.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 import { OUTBOX_CHANNEL, type WebhookEventType } from './webhook-outbox.js';
 import { WebhookMetrics, type WebhookDeliveryResult } from './webhook-metrics.js';
@@ -188,7 +189,7 @@ export class WebhookRelay implements OnModuleInit, OnModuleDestroy {
     if (delivery.to === 'url') return delivery.url;
     const address = (this.host.httpAdapter?.getHttpServer() as Server | undefined)?.address();
     if (!address || typeof address === 'string') return undefined;
-    return `http://127.0.0.1:${address.port}/webhooks/psp`;
+    return `${selfUrl(address)}/webhooks/psp`;
   }
 
   /** Claims and leases up to BATCH_SIZE due rows in one statement (its own transaction), oldest due first. */
