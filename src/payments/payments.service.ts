@@ -78,6 +78,9 @@ export class PaymentsService {
     if ('answer' in phase1) return phase1.answer;
     const { key, payment, resumed } = phase1;
 
+    // Where the request goes on is the recovery point its key is committed at. ① and ② commit together and ④+⑤ end at
+    // `finished` (a completed key, answered above), so `payment_created` is the only point a key is ever left unfinished at:
+    // a new key has just committed it, a resumed one re-enters at it. A new phase would be a new point and a new case.
     switch (key.recoveryPoint) {
       case PAYMENT_CREATED: {
         // ③ The provider call, outside any transaction. Dies here (before, during or after the call): the key stays

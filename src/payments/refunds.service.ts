@@ -44,7 +44,7 @@ type AfterPhase1 = { answer: KeyAnswer } | { key: LeasedKey; refund: RefundToSen
 /**
  * POST /payments/:id/refunds, the same sequence as a payment (PaymentsService): `refundPayment` top to bottom.
  *
- *   ① claim the key, with a lease                 ┐ ONE transaction: all commit or none does
+ *   ① claim the key, with a lease                   ┐ ONE transaction: all commit or none does
  *   ② reserve the amount, insert the pending refund ┘ → recovery point `refund_created`
  *   ③ call the provider                             no transaction open
  *   ④ settle the refund under the lease             ┐ ONE transaction (PaymentSettlement); a failed refund
@@ -80,6 +80,9 @@ export class RefundsService {
     if ('answer' in phase1) return phase1.answer;
     const { key, refund, resumed } = phase1;
 
+    // Where the request goes on is the recovery point its key is committed at. ① and ② commit together and ④+⑤ end at
+    // `finished` (a completed key, answered above), so `refund_created` is the only point a key is ever left unfinished at:
+    // a new key has just committed it, a resumed one re-enters at it. A new phase would be a new point and a new case.
     switch (key.recoveryPoint) {
       case REFUND_CREATED: {
         // ③ The provider call, outside any transaction. Dies here: the key stays `refund_created` (the amount still
