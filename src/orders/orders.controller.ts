@@ -26,7 +26,7 @@ import { IdempotentEndpoint } from '../common/idempotent-endpoint.js';
 import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
 import { idempotencyKeyOrSubmitTokenMissing, submitTokenWithIdempotencyKey } from '../submit-tokens/submit-token-problems.js';
 import { SubmitTokensService } from '../submit-tokens/submit-tokens.service.js';
-import { PAYMENT_IN_PROGRESS } from '../payments/payment-api-docs.js';
+import { PAYMENT_IN_PROGRESS } from '../common/payment-in-progress.js';
 import { CreateOrderDto } from './dto/create-order.dto.js';
 import { ListOrdersQuery } from './dto/list-orders.query.js';
 import { OrderEventView } from './dto/order-event.view.js';

@@ -9,7 +9,7 @@ import type { OrderPage, OrderView } from './dto/order.view.js';
 import type { OrderEventView } from './dto/order-event.view.js';
 import type { UpdateOrderDto } from './dto/update-order.dto.js';
 import { insertOrderEvents } from '../events/order-events-outbox.js';
-import { paymentInProgress } from '../payments/payment-problems.js';
+import { paymentInProgress } from '../common/payment-in-progress.js';
 import { versionEtag } from './if-match.js';
 import { decodeCursor, encodeCursor } from './order-cursor.js';
 import { ORDER_TABLE_COLUMNS } from './order-columns.js';

@@ -1,10 +1,7 @@
-import { applyDecorators } from '@nestjs/common';
-import { ApiHeader, ApiResponse, type SchemaObject } from '@nestjs/swagger';
-import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
-import { IDEMPOTENCY_KEY_EXAMPLES } from '../common/idempotent-endpoint.js';
+import { type SchemaObject } from '@nestjs/swagger';
 import { ORDER_STATUSES } from '../orders/order-status.js';
 import { PAYMENT_STATUSES } from './dto/payment.view.js';
-import { ApiProblems, type ProblemExample } from '#service-kit';
+import { type ProblemExample } from '#service-kit';
 
 const EXAMPLE_ORDER_ID = '6f1c2d0e-5b7a-4c3e-9f8d-2a1b0c9d8e7f';
 const EXAMPLE_PAYMENT_ID = '9b2e4c1a-7d3f-4e8b-a6c5-0f1e2d3c4b5a';
@@ -90,19 +87,7 @@ export const NOTHING_TO_PAY: ProblemExample = {
 };
 
 /** Also sent by POST /orders/:id/cancel while a payment of the order is pending. */
-export const PAYMENT_IN_PROGRESS: ProblemExample = {
-  status: 409,
-  description: 'A payment of this order is still pending (its outcome is being decided). Temporary: not stored; retry after Retry-After.',
-  headers: RETRY_AFTER,
-  example: {
-    type: 'urn:idempotent-orders:problem:payment-in-progress',
-    title: 'A payment of this order is in progress',
-    status: 409,
-    detail: `Payment ${EXAMPLE_PAYMENT_ID} of this order is still pending. Retry after it has settled.`,
-    paymentId: EXAMPLE_PAYMENT_ID,
-  },
-  members: { paymentId: PAYMENT_ID },
-};
+export { PAYMENT_IN_PROGRESS } from '../common/payment-in-progress.js';
 
 export const PROVIDER_UNAVAILABLE: ProblemExample = {
   status: 503,
@@ -197,53 +182,3 @@ export const REFUND_EXCEEDS_PAYMENT: ProblemExample = {
     refundableMinor: { type: 'integer', description: 'What remained refundable when it was asked.' },
   },
 };
-
-/** The Idempotency-Key contract of a phased (external side effect) endpoint, for the OpenAPI document. */
-export function ApiPhasedIdempotencyKey() {
-  return applyDecorators(
-    ApiHeader({
-      name: IDEMPOTENCY_KEY_HEADER,
-      required: true,
-      description:
-        'A unique value per operation (a UUID is best). Retrying with the same key and body never charges twice: a finished request replays its answer ' +
-        '(Idempotent-Replayed: true); one whose outcome is not known yet (503) is resumed and the provider asked again under the same outbound key. ' +
-        'Another body (or another order or payment in the path) under the same key is a 422 and nothing is charged: a changed request needs a new key. ' +
-        'While the first request is still running, the key answers 409 with Retry-After. Keys of finished requests are kept IDEMPOTENCY_TTL_SECONDS.',
-      schema: { type: 'string', maxLength: 255, example: '0c6d0f5a-1f7b-4b8e-9a43-7d2b1f7f6a11' },
-    }),
-    ApiResponse({
-      status: 'default',
-      description: 'Any stored answer replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true.',
-      headers: {
-        [IDEMPOTENT_REPLAYED_HEADER]: {
-          description: 'true when this is the stored answer of an earlier request with the same key',
-          schema: { type: 'string', enum: ['true'] },
-        },
-      },
-    }),
-    ApiProblems(
-      {
-        status: 400,
-        description: 'Idempotency-Key missing or malformed, or the body is invalid. Nothing was written; the key stays free.',
-        example: IDEMPOTENCY_KEY_EXAMPLES.MISSING,
-      },
-      {
-        status: 400,
-        description: 'Idempotency-Key malformed: not 1–255 visible ASCII characters, or sent twice. Nothing was written.',
-        example: IDEMPOTENCY_KEY_EXAMPLES.MALFORMED,
-      },
-      {
-        status: 409,
-        description:
-          'A request with this Idempotency-Key is still running (its lease has not run out). Retry after Retry-After seconds: a retry after the lease resumes it.',
-        headers: RETRY_AFTER,
-        example: IDEMPOTENCY_KEY_EXAMPLES.IN_USE,
-      },
-      {
-        status: 422,
-        description: 'This Idempotency-Key was used for a different request. Nothing was executed.',
-        example: IDEMPOTENCY_KEY_EXAMPLES.REUSED,
-      },
-    ),
-  );
-}

@@ -1,11 +1,9 @@
 import type { OrderStatus } from '../orders/order-status.js';
 import { ProblemException } from '#service-kit';
 
-/**
- * How long a client should wait before asking again about a payment whose outcome is not known
- * yet. The provider is asked again on that retry (or by the reconciler); sooner rarely helps.
- */
-export const PAYMENT_PENDING_RETRY_AFTER_SECONDS = 2;
+import { PAYMENT_PENDING_RETRY_AFTER_SECONDS } from '../common/payment-in-progress.js';
+
+export { PAYMENT_PENDING_RETRY_AFTER_SECONDS, paymentInProgress } from '../common/payment-in-progress.js';
 
 export function paymentNotFound(id: string): ProblemException {
   return ProblemException.of(404, 'payment-not-found', 'Payment not found', `There is no payment ${id}.`);
@@ -30,18 +28,6 @@ export function orderNotPayable(orderId: string, currentStatus: OrderStatus): Pr
 
 export function nothingToPay(orderId: string): ProblemException {
   return ProblemException.of(409, 'nothing-to-pay', 'Nothing to pay', `Order ${orderId} totals 0.`, { orderId });
-}
-
-/** Another payment of the order is still being decided: temporary, so never stored under a key. */
-export function paymentInProgress(paymentId: string): ProblemException {
-  return ProblemException.of(
-    409,
-    'payment-in-progress',
-    'A payment of this order is in progress',
-    `Payment ${paymentId} of this order is still pending. Retry after it has settled.`,
-    { paymentId },
-    { 'Retry-After': String(PAYMENT_PENDING_RETRY_AFTER_SECONDS) },
-  );
 }
 
 /** The charge breaker is open: nothing was written, the key is free. */

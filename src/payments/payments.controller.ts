@@ -1,9 +1,8 @@
-import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req, Res } from '@nestjs/common';
+import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
-import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
+import type { FastifyRequest as Request } from 'fastify';
 import { ORDER_NOT_FOUND, UNAUTHORIZED } from '../common/api-problems.js';
 import {
-  ApiPhasedIdempotencyKey,
   NOTHING_TO_PAY,
   ORDER_NOT_PAYABLE,
   PAYMENT_DECLINED,
@@ -13,7 +12,8 @@ import {
   PROVIDER_UNAVAILABLE,
 } from './payment-api-docs.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { AtomicPhases, writeStoredResponse } from '#idempotency';
+import { AtomicPhases } from '#idempotency';
+import { type KeyAnswer, PhasedIdempotentEndpoint } from '../common/idempotent-endpoint.js';
 
 import { PayOrderDto } from './dto/pay-order.dto.js';
 import { PaymentList, PaymentView } from './dto/payment.view.js';
@@ -32,7 +32,7 @@ export class PaymentsController {
 
   @Post('orders/:id/payments')
   @HttpCode(HttpStatus.CREATED)
-  @ApiPhasedIdempotencyKey()
+  @PhasedIdempotentEndpoint()
   @ApiOperation({
     summary: 'Pay an order through the provider',
     description:
@@ -56,14 +56,9 @@ export class PaymentsController {
     PAYMENT_PENDING,
     UNSUPPORTED_MEDIA_TYPE,
   )
-  async payOrder(
-    @Req() req: Request,
-    @Param('id') orderId: string,
-    @Body() dto: PayOrderDto,
-    @Res({ passthrough: true }) res: Response,
-  ): Promise<string> {
-    const { response, replayed } = await this.payments.payOrder(this.phases.scopeOf(req), orderId, dto.source);
-    return writeStoredResponse(res, response, replayed);
+  payOrder(@Req() req: Request, @Param('id') orderId: string, @Body() dto: PayOrderDto): Promise<KeyAnswer> {
+    // The key's scope after the body is validated (an invalid body is a 400 and claims nothing); the phases are the service's.
+    return this.payments.payOrder(this.phases.scopeOf(req), orderId, dto.source);
   }
 
   @Get('orders/:id/payments')

@@ -3,7 +3,6 @@ import { OrdersModule } from '../orders/orders.module.js';
 import { LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';
 import { PaymentReconciler } from './payment-reconciler.js';
-import { PhasedOperation } from './phased-operation.js';
 import { ProviderAttempts } from './provider-attempts.js';
 import { PaymentSettlement } from './payment-settlement.js';
 import { PaymentsController } from './payments.controller.js';
@@ -14,16 +13,7 @@ import { RefundsService } from './refunds.service.js';
 @Module({
   imports: [OrdersModule],
   controllers: [PaymentsController, RefundsController],
-  providers: [
-    PaymentsService,
-    RefundsService,
-    PhasedOperation,
-    PaymentSettlement,
-    PaymentReconciler,
-    PaymentMetrics,
-    LateChargeRefunder,
-    ProviderAttempts,
-  ],
+  providers: [PaymentsService, RefundsService, PaymentSettlement, PaymentReconciler, PaymentMetrics, LateChargeRefunder, ProviderAttempts],
   exports: [PaymentSettlement, LateChargeRefunder],
 })
 export class PaymentsModule {}

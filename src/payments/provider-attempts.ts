@@ -38,14 +38,8 @@ export class ProviderAttempts {
     @Inject(APP_CONFIG) private readonly config: AppConfig,
   ) {}
 
-  /** The row a resumed key is for. */
-  async ofKey(table: AttemptTable, keyId: string): Promise<string | undefined> {
-    const [row] = await this.db.query<{ id: string }>(`SELECT id FROM ${table} WHERE idempotency_key_id = $1`, [keyId]);
-    return row?.id;
-  }
-
   /**
-   * Phase 1 of a new payment or refund, in its transaction: the holder that inserted `id` under key `keyId` calls
+   * Step ② of a new payment or refund, in its transaction: the holder that inserted `id` under key `keyId` calls
    * out only before its lease ends.
    */
   async firstAttempt(table: AttemptTable, id: string, keyId: string): Promise<void> {

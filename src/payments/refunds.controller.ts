@@ -1,9 +1,8 @@
-import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req, Res } from '@nestjs/common';
+import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
-import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
+import type { FastifyRequest as Request } from 'fastify';
 import { UNAUTHORIZED } from '../common/api-problems.js';
 import {
-  ApiPhasedIdempotencyKey,
   PAYMENT_NOT_FOUND,
   PROVIDER_UNAVAILABLE,
   REFUND_DECLINED,
@@ -13,7 +12,8 @@ import {
   REFUND_PENDING,
 } from './payment-api-docs.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { AtomicPhases, writeStoredResponse } from '#idempotency';
+import { AtomicPhases } from '#idempotency';
+import { type KeyAnswer, PhasedIdempotentEndpoint } from '../common/idempotent-endpoint.js';
 
 import { RefundPaymentDto } from './dto/refund-payment.dto.js';
 import { RefundList, RefundView } from './dto/refund.view.js';
@@ -32,7 +32,7 @@ export class RefundsController {
 
   @Post('payments/:id/refunds')
   @HttpCode(HttpStatus.CREATED)
-  @ApiPhasedIdempotencyKey()
+  @PhasedIdempotentEndpoint()
   @ApiOperation({
     summary: 'Refund a payment, fully or partly',
     description:
@@ -54,14 +54,9 @@ export class RefundsController {
     REFUND_PENDING,
     UNSUPPORTED_MEDIA_TYPE,
   )
-  async refundPayment(
-    @Req() req: Request,
-    @Param('id') paymentId: string,
-    @Body() dto: RefundPaymentDto,
-    @Res({ passthrough: true }) res: Response,
-  ): Promise<string> {
-    const { response, replayed } = await this.refunds.refundPayment(this.phases.scopeOf(req), paymentId, dto.amountMinor);
-    return writeStoredResponse(res, response, replayed);
+  refundPayment(@Req() req: Request, @Param('id') paymentId: string, @Body() dto: RefundPaymentDto): Promise<KeyAnswer> {
+    // The key's scope after the body is validated (an invalid body is a 400 and claims nothing); the phases are the service's.
+    return this.refunds.refundPayment(this.phases.scopeOf(req), paymentId, dto.amountMinor);
   }
 
   @Get('payments/:id/refunds')
