@@ -86,8 +86,8 @@ async function bootstrap(): Promise<void> {
     `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir} (port ${config.embeddedPgPort})` : `DATABASE_URL (${databaseAddress(database.url)})`}` +
       (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
     `  Swagger UI: ${url}/docs (OpenAPI at ${url}/docs-json)`,
-    config.amqpUrl
-      ? `  order events: published to AMQP_URL (${printableUrl(config.amqpUrl)}), exchange ${ORDER_EVENTS_EXCHANGE}`
+    config.amqpUrls
+      ? `  order events: published to AMQP_URL (${config.amqpUrls.map(printableUrl).join(',')}), exchange ${ORDER_EVENTS_EXCHANGE}`
       : '  order events: relay off (AMQP_URL unset): events wait in the order_events_outbox table',
   ];
   if (config.usingDevApiKey) lines.push(`  dev API key for "Authorize": ${DEV_API_CLIENT.secret}  (client "${DEV_API_CLIENT.clientId}")`);

@@ -40,6 +40,15 @@ describe('the fulfilment consumer refuses a bad configuration at start-up', () =
     ]);
   });
 
+  it("AMQP_URL takes a cluster's nodes as a comma-separated list, each checked: a bad one is named", async () => {
+    const { code, output } = await runServiceToExit(
+      { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/db', AMQP_URL: 'amqp://guest:guest@127.0.0.1:1,http://guest:secret@127.0.0.1:2' },
+      { main: MAIN },
+    );
+    expect(code).toBe(1);
+    expect(output.trim()).toBe('Invalid configuration: AMQP_URL must be a amqp: or amqps: URL, got http: (its entry 2)');
+  });
+
   it('one bad value among good ones is named alone', async () => {
     const { code, output } = await runServiceToExit(
       { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/db', AMQP_URL: 'amqp://guest:guest@127.0.0.1:1', FULFILMENT_BATCH_SIZE: 'ten' },

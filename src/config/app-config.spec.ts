@@ -108,7 +108,7 @@ describe('loadConfig: defaults', () => {
       pspWebhookDelivery: { to: 'self' },
       pspWebhookDuplicates: false,
       reconcileIntervalMs: 30_000,
-      amqpUrl: undefined,
+      amqpUrls: undefined,
       orderEventsLeaseMs: 30_000,
       orderEventsRelayFault: undefined,
       logLevel: 'info',
@@ -203,7 +203,7 @@ describe('loadConfig: defaults', () => {
       pspWebhookDelivery: { to: 'url', url: 'http://localhost:8080/webhooks/psp' },
       pspWebhookDuplicates: true,
       reconcileIntervalMs: 0,
-      amqpUrl: 'amqp://mq.internal:5672',
+      amqpUrls: ['amqp://mq.internal:5672'],
       orderEventsLeaseMs: 60_000,
       orderEventsRelayFault: 'die-after-confirm',
       logLevel: 'debug',
@@ -518,12 +518,26 @@ describe('loadConfig: every problem at once', () => {
 
 describe('loadConfig: the order events relay', () => {
   it('AMQP_URL: an amqp(s) URL turns the relay on; anything else is refused by name, its password hidden', () => {
-    expect(loadConfig({ AMQP_URL: 'amqp://guest:guest@localhost:5672' }).amqpUrl).toBe('amqp://guest:guest@localhost:5672');
-    expect(loadConfig({ AMQP_URL: 'amqps://u:p@mq.example.com' }).amqpUrl).toBe('amqps://u:p@mq.example.com');
+    expect(loadConfig({ AMQP_URL: 'amqp://guest:guest@localhost:5672' }).amqpUrls).toEqual(['amqp://guest:guest@localhost:5672']);
+    expect(loadConfig({ AMQP_URL: 'amqps://u:p@mq.example.com' }).amqpUrls).toEqual(['amqps://u:p@mq.example.com']);
     const error = configError({ AMQP_URL: 'http://user:secret@mq.example.com' });
     expect(error.variable).toBe('AMQP_URL');
     expect(error.message).toContain('must use amqp: or amqps:');
     expect(error.message).not.toContain('secret');
+  });
+
+  it("AMQP_URL: a comma-separated list of a cluster's nodes, each one checked, the bad one named with its password hidden", () => {
+    expect(loadConfig({ AMQP_URL: 'amqp://u:p@mq1:5672, amqp://u:p@mq2:5672,amqp://u:p@mq3:5672' }).amqpUrls).toEqual([
+      'amqp://u:p@mq1:5672',
+      'amqp://u:p@mq2:5672',
+      'amqp://u:p@mq3:5672',
+    ]);
+    const error = configError({ AMQP_URL: 'amqp://u:p@mq1:5672,http://u:secret@mq2:5672' });
+    expect(error.variable).toBe('AMQP_URL');
+    expect(error.message).toContain('must use amqp: or amqps:');
+    expect(error.message).toContain('mq2');
+    expect(error.message).not.toContain('secret');
+    expect(configError({ AMQP_URL: 'amqp://u:p@mq1:5672,,amqp://u:p@mq3:5672' }).variable).toBe('AMQP_URL');
   });
 
   it('ORDER_EVENTS_LEASE_MS must outlast a publish confirm (at least 6000); the fault hook takes one word', () => {

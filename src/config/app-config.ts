@@ -81,8 +81,11 @@ export interface AppConfig {
   pspWebhookDuplicates: boolean;
   /** Period of the reconciler of unfinished payments and refunds; 0: it never runs. */
   reconcileIntervalMs: number;
-  /** AMQP_URL: the RabbitMQ the order events are published to. Unset: the relay is off and events wait in the outbox. */
-  amqpUrl?: string;
+  /**
+   * AMQP_URL: the RabbitMQ the order events are published to — one URL, or a cluster's nodes comma-separated (tried in
+   * order, the next on a lost connection). Unset: the relay is off and events wait in the outbox.
+   */
+  amqpUrls?: string[];
   /** How long a relay's claim keeps an outbox row from the other relays; a row whose relay died is sent again after it. */
   orderEventsLeaseMs: number;
   /** Test-only fault: `die-after-confirm` kills the process between the broker's confirm and the row's mark. */
@@ -178,6 +181,21 @@ function url(env: Env, name: string, protocols: string[]): string | undefined {
     return invalid(env, new ConfigError(name, `must use ${protocols.join(' or ')}`, printableUrl(raw)), undefined);
   }
   return raw;
+}
+
+/** A comma-separated list of URLs, each checked as `url` checks one; an empty entry is refused. */
+function urlList(env: Env, name: string, protocols: string[]): string[] | undefined {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return undefined;
+  const urls: string[] = [];
+  for (const entry of raw.split(',').map((part) => part.trim())) {
+    if (entry === '')
+      return invalid(env, new ConfigError(name, 'has an empty entry in its comma-separated list', printableUrl(raw)), undefined);
+    const checked = url({ ...env, [name]: entry }, name, protocols);
+    if (checked === undefined) return undefined;
+    urls.push(checked);
+  }
+  return urls;
 }
 
 /** Only the client ids of API_KEYS are ever printed. */
@@ -529,7 +547,7 @@ function readConfig(env: Env): AppConfig {
     pspWebhookDuplicates: boolean(env, 'PSP_WEBHOOK_DUPLICATES', false),
     // 30 s: a payment stuck past its lease settles within about half a minute, at one cheap query per period.
     reconcileIntervalMs: reconcileInterval(env),
-    amqpUrl: url(env, 'AMQP_URL', ['amqp:', 'amqps:']),
+    amqpUrls: urlList(env, 'AMQP_URL', ['amqp:', 'amqps:']),
     // 30 s: far beyond a batch's publishes (each bounded by a 5 s confirm timeout), short enough after a crash.
     orderEventsLeaseMs: integer(env, 'ORDER_EVENTS_LEASE_MS', 30_000, 6_000, 3_600_000),
     orderEventsRelayFault: relayFault(env),

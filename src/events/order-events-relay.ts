@@ -69,20 +69,20 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
 
   /** off: AMQP_URL unset (events wait in the outbox); else whether the broker connection is up right now. */
   get state(): RelayState {
-    if (!this.config.amqpUrl) return 'off';
+    if (!this.config.amqpUrls) return 'off';
     return this.brokerUp ? 'connected' : 'disconnected';
   }
 
   onModuleInit(): void {
-    const { amqpUrl } = this.config;
-    if (!amqpUrl) {
+    const { amqpUrls } = this.config;
+    if (!amqpUrls) {
       this.logger.log('order events relay off (AMQP_URL unset): events wait in order_events_outbox');
       return;
     }
-    this.connection = connect([amqpUrl], { reconnectTimeInSeconds: RECONNECT_SECONDS, heartbeatIntervalInSeconds: 5 });
+    this.connection = connect(amqpUrls, { reconnectTimeInSeconds: RECONNECT_SECONDS, heartbeatIntervalInSeconds: 5 });
     this.connection.on('connect', () => {
       this.brokerUp = true;
-      this.logger.log({ broker: printableUrl(amqpUrl) }, 'order events relay connected to RabbitMQ');
+      this.logger.log({ broker: amqpUrls.map(printableUrl).join(',') }, 'order events relay connected to RabbitMQ');
       // Up again: what waited meanwhile is due now.
       this.loop.wake();
     });

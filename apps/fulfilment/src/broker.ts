@@ -37,7 +37,7 @@ export const DELIVERY_LIMIT_BACKSTOP = 20;
  */
 export function rmqOptions(config: FulfilmentConfig): Required<RmqOptions>['options'] {
   return {
-    urls: [config.amqpUrl],
+    urls: config.amqpUrls,
     queue: ORDER_EVENTS_QUEUE,
     queueOptions: {
       durable: true,
@@ -58,12 +58,25 @@ export function rmqOptions(config: FulfilmentConfig): Required<RmqOptions>['opti
   };
 }
 
+/** The first of a cluster's nodes that accepts a connection (a node down at start-up is skipped). */
+async function connectToAny(urls: string[]) {
+  let lastError: unknown;
+  for (const url of urls) {
+    try {
+      return await connect(url);
+    } catch (err) {
+      lastError = err;
+    }
+  }
+  throw lastError;
+}
+
 /**
  * The dead-letter exchange and queue, asserted before consuming starts: Nest's transport asserts only the main
  * queue, and a message dead-lettered to an exchange with no queue bound would be dropped. Idempotent.
  */
-export async function assertDeadLetterTopology(amqpUrl: string): Promise<void> {
-  const connection = await connect(amqpUrl);
+export async function assertDeadLetterTopology(amqpUrls: string[]): Promise<void> {
+  const connection = await connectToAny(amqpUrls);
   try {
     const channel = await connection.createChannel();
     await channel.assertExchange(DEAD_LETTER_EXCHANGE, 'fanout', { durable: true });

@@ -8,8 +8,8 @@ import { LOG_LEVEL_NAMES, type LogLevelName, NEST_LOG_LEVELS } from '#service-ki
 export interface FulfilmentConfig {
   /** The PostgreSQL database this app migrates (its own `fulfilment` schema) and writes. */
   databaseUrl: string;
-  /** The RabbitMQ broker the order service publishes its events to. */
-  amqpUrl: string;
+  /** The RabbitMQ broker the order service publishes its events to: one URL, or a cluster's nodes (AMQP_URL comma-separated). */
+  amqpUrls: string[];
   /** HTTP: GET /health, GET /shipments/{orderId}, GET /metrics. */
   port: number;
   /** Deliveries unacked at once on this consumer's channel (its concurrency and its share of a redelivery). */
@@ -75,6 +75,20 @@ function url(env: Env, name: string, protocols: string[], example: string, probl
   return raw;
 }
 
+/** A comma-separated list of URLs (a cluster's nodes), each checked as `url` checks one; a bad entry is named by its place. */
+function urlList(env: Env, name: string, protocols: string[], example: string, problems: string[]): string[] {
+  const raw = env[name];
+  if (!raw) return [url(env, name, protocols, example, problems)];
+  const entries = raw.split(',').map((part) => part.trim());
+  if (entries.length === 1) return [url(env, name, protocols, example, problems)];
+  return entries.map((entry, i) => {
+    const own: string[] = [];
+    const checked = url({ [name]: entry }, name, protocols, example, own);
+    problems.push(...own.map((problem) => `${problem} (its entry ${i + 1})`));
+    return checked;
+  });
+}
+
 function logLevels(env: Env, problems: string[]): LogLevel[] {
   const raw = env.LOG_LEVEL;
   if (raw === undefined || raw === '') return NEST_LOG_LEVELS.info;
@@ -98,7 +112,7 @@ export function loadFulfilmentConfig(env: Env = process.env): FulfilmentConfig {
   const problems: string[] = [];
   const config: FulfilmentConfig = {
     databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'], 'postgres://user:password@localhost:5432/orders', problems),
-    amqpUrl: url(env, 'AMQP_URL', ['amqp:', 'amqps:'], 'amqp://guest:guest@127.0.0.1:5672', problems),
+    amqpUrls: urlList(env, 'AMQP_URL', ['amqp:', 'amqps:'], 'amqp://guest:guest@127.0.0.1:5672', problems),
     port: integer(env, 'PORT', 3002, 0, 65_535, problems),
     prefetch: integer(env, 'FULFILMENT_PREFETCH', 20, 1, 1_000, problems),
     // At most the queue's fixed delivery limit (broker.ts), which must stay the backstop behind it.

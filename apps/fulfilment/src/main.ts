@@ -15,7 +15,7 @@ import { migrateFulfilment } from './migrate.js';
 async function bootstrap(): Promise<void> {
   const config = loadFulfilmentConfig();
   const applied = await migrateFulfilment(config.databaseUrl);
-  await assertDeadLetterTopology(config.amqpUrl).catch((err: unknown) => {
+  await assertDeadLetterTopology(config.amqpUrls).catch((err: unknown) => {
     throw new FulfilmentConfigError(`AMQP_URL: cannot reach the broker (${(err as Error).message})`);
   });
 

@@ -97,3 +97,10 @@ describe('which server errors are an outage and which are contention', () => {
     expect(isContention(serverError('23505', 'ERROR'))).toBe(false);
   });
 });
+
+describe('isDatabaseUnavailable during a failover', () => {
+  it('a write on a primary demoted under it (25006 read_only_sql_transaction): the next connection finds the new primary', () => {
+    const err = Object.assign(new Error('cannot execute INSERT in a read-only transaction'), { code: '25006', severity: 'ERROR' });
+    expect(isDatabaseUnavailable(err)).toBe(true);
+  });
+});

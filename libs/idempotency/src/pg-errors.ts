@@ -12,6 +12,11 @@ export const PG = {
   crashShutdown: '57P02',
   /** The server is starting up, shutting down or in recovery: connections are refused for now. */
   cannotConnectNow: '57P03',
+  /**
+   * read_only_sql_transaction: a write reached a server that is (now) a standby — a primary demoted in a failover,
+   * or a connection made before the proxy switched. Nothing was written; the retry reaches the new primary.
+   */
+  readOnlyTransaction: '25006',
   /** feature_not_supported: among others, a prepared statement whose result columns a schema change altered. */
   featureNotSupported: '0A000',
   /** The server's max_connections, or the role's or database's CONNECTION LIMIT, is reached: a connect is refused. */
@@ -146,6 +151,7 @@ function isUnreachable(err: unknown): boolean {
     if (UNREACHABLE_SOCKET_CODES.has(code)) return true;
     if (UNREACHABLE_CONNECT_CODES.has(code) && 'syscall' in err && err.syscall === 'connect') return true;
     if (code === PG.adminShutdown || code === PG.crashShutdown || code === PG.cannotConnectNow) return true;
+    if (code === PG.readOnlyTransaction && 'severity' in err) return true;
     if ('severity' in err && (code.startsWith(CONNECTION_EXCEPTION_CLASS) || SERVER_REFUSALS.has(code))) return true;
   }
   return err instanceof Error && LOST_CONNECTION_MESSAGES.some((m) => m.test(err.message));
