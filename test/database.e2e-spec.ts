@@ -3,8 +3,8 @@
  * next one or the COMMIT) must mean exactly what sending them one by one means. On a real PostgreSQL.
  */
 import { DataSource } from 'typeorm';
-import { Database } from '#idempotency';
-import { isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency/internal';
+import { Database, isCachedPlanInvalidated } from '@idempotent-orders/idempotency';
+import { resolveIdempotencyOptions } from './support/idempotency-internals';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
 import { jest } from '@jest/globals';

@@ -1,6 +1,6 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse } from '@nestjs/swagger';
-import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER, Idempotent, type IdempotentOptions } from '#idempotency';
+import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER, Idempotent, type IdempotentOptions } from '@idempotent-orders/idempotency';
 import { ApiProblems } from '#service-kit';
 
 /** The Idempotency-Key problems as the OpenAPI document shows them; the phased (payment) endpoints document the same ones. */

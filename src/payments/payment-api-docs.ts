@@ -1,6 +1,6 @@
 import { applyDecorators } from '@nestjs/common';
 import { ApiHeader, ApiResponse, type SchemaObject } from '@nestjs/swagger';
-import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
+import { IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER } from '@idempotent-orders/idempotency';
 import { IDEMPOTENCY_KEY_EXAMPLES } from '../common/idempotent-endpoint.js';
 import { ORDER_STATUSES } from '../orders/order-status.js';
 import { PAYMENT_STATUSES } from './dto/payment.view.js';

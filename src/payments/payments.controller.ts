@@ -13,7 +13,7 @@ import {
   PROVIDER_UNAVAILABLE,
 } from './payment-api-docs.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { AtomicPhases, writeStoredResponse } from '#idempotency';
+import { AtomicPhases, writeStoredResponse } from '@idempotent-orders/idempotency';
 
 import { PayOrderDto } from './dto/pay-order.dto.js';
 import { PaymentList, PaymentView } from './dto/payment.view.js';

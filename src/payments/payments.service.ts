@@ -1,6 +1,6 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
-import { Database, type KeyScope } from '#idempotency';
+import { Database, type KeyScope } from '@idempotent-orders/idempotency';
 import { orderNotFound } from '../orders/orders.service.js';
 import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient } from '../psp-client/psp-client.js';

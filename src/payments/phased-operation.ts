@@ -1,5 +1,12 @@
 import { Injectable } from '@nestjs/common';
-import { AtomicPhases, Database, type KeyScope, type LeasedKey, problemResponse, type StoredResponse } from '#idempotency';
+import {
+  AtomicPhases,
+  Database,
+  type KeyScope,
+  type LeasedKey,
+  problemResponse,
+  type StoredResponse,
+} from '@idempotent-orders/idempotency';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import { paymentPending, providerUnavailable } from './payment-problems.js';
 import type { PaymentRow } from './payment-records.js';

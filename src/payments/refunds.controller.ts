@@ -13,7 +13,7 @@ import {
   REFUND_PENDING,
 } from './payment-api-docs.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { AtomicPhases, writeStoredResponse } from '#idempotency';
+import { AtomicPhases, writeStoredResponse } from '@idempotent-orders/idempotency';
 
 import { RefundPaymentDto } from './dto/refund-payment.dto.js';
 import { RefundList, RefundView } from './dto/refund.view.js';

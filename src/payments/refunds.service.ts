@@ -1,6 +1,6 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
-import { Database, type KeyScope } from '#idempotency';
+import { Database, type KeyScope } from '@idempotent-orders/idempotency';
 import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient } from '../psp-client/psp-client.js';
 import type { RefundView } from './dto/refund.view.js';
