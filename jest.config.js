@@ -19,8 +19,9 @@ export default {
     // Sources import './x.js' (Node ESM); Jest resolves the .ts file.
     '^(\\.{1,2}/.*)\\.js$': '$1',
     // package.json "imports": Jest does not read them; each lib's entry, as TypeScript source.
-    '^#idempotency$': '<rootDir>/libs/idempotency/src/index.ts',
-    '^#idempotency/internal$': '<rootDir>/libs/idempotency/src/internal.ts',
+    // The idempotency package (npm workspace) by its name: its entries, as TypeScript source, like the tsconfig's paths.
+    '^@idempotent-orders/idempotency$': '<rootDir>/libs/idempotency/src/index.ts',
+    '^@idempotent-orders/idempotency/messages$': '<rootDir>/libs/idempotency/src/messages.ts',
     '^#psp-sandbox$': '<rootDir>/apps/psp-sandbox/src/index.ts',
     '^#service-kit$': '<rootDir>/libs/service-kit/src/index.ts',
     '^#service-kit/embedded-postgres$': '<rootDir>/libs/service-kit/src/embedded-postgres.ts',

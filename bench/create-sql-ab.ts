@@ -27,7 +27,8 @@ import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { migrations } from '../migrations/index.js';
 import { freePort } from '../src/common/free-port.js';
 import { insertOrderStatement } from '../src/orders/orders.service.js';
-import { FIND_KEY, INSERT_COMPLETED_KEY, TRY_LOCK_KEY } from '#idempotency/internal';
+// The claim's statements as the package sends them, from its source: they are no part of its public entries.
+import { FIND_KEY, INSERT_COMPLETED_KEY, TRY_LOCK_KEY } from '../libs/idempotency/src/idempotency-keys.service.js';
 
 const BEGIN =
   'BEGIN; SET LOCAL lock_timeout = 5000; SET LOCAL statement_timeout = 30000; SET LOCAL idle_in_transaction_session_timeout = 60000';

@@ -21,7 +21,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { DataSource, type QueryRunner } from 'typeorm';
-import { claimMessageStatement, createProcessedMessagesTable } from '#idempotency';
+import { claimMessageStatement, createProcessedMessagesTable } from '@idempotent-orders/idempotency/messages';
 import { freePort } from '../src/common/free-port.js';
 import { type EmbeddedServer, startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { typeormOptions } from '../src/database/typeorm-options.js';

@@ -2,7 +2,7 @@ import { type DynamicModule, Module } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD, HttpAdapterHost } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
-import { IdempotencyModule } from '#idempotency';
+import { IdempotencyModule } from '@idempotent-orders/idempotency';
 import { LoggerModule } from 'nestjs-pino';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';

@@ -3,8 +3,8 @@
  * COMMIT or ROLLBACK. On a real PostgreSQL.
  */
 import { DataSource } from 'typeorm';
-import { Database, TransactionRolledBackError } from '#idempotency';
-import { isCachedPlanInvalidated, resolveIdempotencyOptions } from '#idempotency/internal';
+import { Database, isCachedPlanInvalidated, TransactionRolledBackError } from '@idempotent-orders/idempotency';
+import { resolveIdempotencyOptions } from './support/idempotency-internals';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
 import { Pool } from 'pg';

@@ -8,8 +8,8 @@ import { Client, Pool } from 'pg';
 import request from 'supertest';
 import { AppModule } from '../src/app.module';
 import { createHttpApp } from '../src/http-app';
-import { Idempotent } from '#idempotency';
-import { fingerprintRequest, IdempotencyKeyReaper } from '#idempotency/internal';
+import { fingerprintRequest, Idempotent } from '@idempotent-orders/idempotency';
+import { IdempotencyKeyReaper } from './support/idempotency-internals';
 import { ALICE, BOB, bearer, createTestDatabase, startTestApp, testConfig, type TestApp } from './support/test-app';
 
 const order = (overrides: Record<string, unknown> = {}) => ({

@@ -11,9 +11,9 @@ import { randomUUID } from 'node:crypto';
 import { Pool } from 'pg';
 import { from } from 'rxjs';
 import { DataSource } from 'typeorm';
-import { Database, IdempotentMessage, IdempotentMessageInterceptor } from '#idempotency';
-import { IdempotencyMetrics, resolveIdempotencyOptions } from '#idempotency/internal';
-import { createProcessedMessagesTable } from '#idempotency';
+import { Database, IdempotencyMetrics } from '@idempotent-orders/idempotency';
+import { createProcessedMessagesTable, IdempotentMessage, IdempotentMessageInterceptor } from '@idempotent-orders/idempotency/messages';
+import { resolveIdempotencyOptions } from './support/idempotency-internals';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
 
@@ -52,7 +52,7 @@ describe('@IdempotentMessage: a COMMIT answered with ROLLBACK is never acked', (
     const settled = { ack: jest.fn(), nack: jest.fn() };
     const message = { properties: { messageId, headers: {} } };
     const context = {
-      getHandler: () => Handlers.prototype.applyOrder,
+      getHandler: () => Object.getOwnPropertyDescriptor(Handlers.prototype, 'applyOrder')?.value as () => void,
       switchToRpc: () => ({ getData: () => ({}), getContext: () => ({ getMessage: () => message, getChannelRef: () => settled }) }),
     } as unknown as ExecutionContext;
     const next: CallHandler = { handle: () => from(effect()) };

@@ -35,18 +35,26 @@ describe('lint: libs/ and apps/ import nothing outside themselves', () => {
     [APP_FILE, "import { x } from '../../../libs/service-kit/src/problem.js';"],
     [SERVICE_FILE, "import { x } from '../apps/psp-sandbox/src/psp-sandbox.module.js';"],
     [SERVICE_FILE, "import { x } from '../libs/service-kit/src/problem.js';"],
+    // The idempotency package: its two entries only, never its files, built or not.
+    [SERVICE_FILE, "import { Database } from '../libs/idempotency/src/database.js';"],
+    [SERVICE_FILE, "import { Database } from '../libs/idempotency/dist/database.js';"],
+    [SERVICE_FILE, "import { Database } from '@idempotent-orders/idempotency/dist/database.js';"],
+    [APP_FILE, "import { resolveOptions } from '@idempotent-orders/idempotency/src/idempotency-options.js';"],
+    [LIB_FILE, "import { Database } from '@idempotent-orders/idempotency/dist/database.js';"],
   ])('%s: refuses %s', async (filePath, code) => {
     expect(await refusals(filePath, code)).not.toEqual([]);
   });
 
   it.each([
     [LIB_FILE, "import { StartupError } from './startup-error.js';"],
-    [LIB_FILE, "import { ProblemDetailsException } from '#idempotency';"],
+    [LIB_FILE, "import { ProblemDetailsException } from '@idempotent-orders/idempotency';"],
     [LIB_FILE, "import { Injectable } from '@nestjs/common';"],
     [APP_FILE, "import { ProblemException } from '#service-kit';"],
     [APP_FILE, "import { pspSandboxMigrations } from '../migrations/index.js';"],
     [APP_FILE, "import { PspCharge } from './dto/psp-charge.view.js';"],
     [SERVICE_FILE, "import { PspSandboxModule } from '#psp-sandbox';"],
+    [SERVICE_FILE, "import { Database } from '@idempotent-orders/idempotency';"],
+    [APP_FILE, "import { IdempotentMessage } from '@idempotent-orders/idempotency/messages';"],
   ])('%s: allows %s', async (filePath, code) => {
     expect(await refusals(filePath, code)).toEqual([]);
   });

@@ -10,7 +10,7 @@ import { InjectRepository, TypeOrmModule } from '@nestjs/typeorm';
 import { randomUUID } from 'node:crypto';
 import { Pool } from 'pg';
 import { DataSource, type Repository } from 'typeorm';
-import { Idempotent } from '#idempotency';
+import { Idempotent } from '@idempotent-orders/idempotency';
 import { AppModule } from '../apps/minimal-express/src/app.module';
 import { CreateTransferDto } from '../apps/minimal-express/src/create-transfer.dto';
 import { Transfer } from '../apps/minimal-express/src/transfer.entity';

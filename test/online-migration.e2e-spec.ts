@@ -8,7 +8,7 @@
 import { randomUUID } from 'node:crypto';
 import { Client } from 'pg';
 import request from 'supertest';
-import { PG, pgErrorCode } from '#idempotency/internal';
+import { PG, pgErrorCode } from '@idempotent-orders/idempotency';
 import { ALICE, bearer, ignoreIdleErrors, startTestApp, type TestApp } from './support/test-app';
 import { DDL_LOCK_TIMEOUT_MS } from '#service-kit';
 

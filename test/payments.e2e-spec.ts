@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
-import { AtomicPhases } from '#idempotency';
+import { AtomicPhases } from '@idempotent-orders/idempotency';
 import { PaymentReconciler } from '../src/payments/payment-reconciler';
 import { PaymentSettlement } from '../src/payments/payment-settlement';
 import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';

@@ -4,7 +4,7 @@ import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
-import { monotonicNow } from '#idempotency';
+import { monotonicNow } from '@idempotent-orders/idempotency';
 import { MetricsModule } from '../src/metrics/metrics.module';
 import { type ChargeRequest, MAX_RESPONSE_BYTES, PspClient, type RefundRequest, PspUnreachableError } from '../src/psp-client/psp-client';
 import { PspClientMetrics } from '../src/psp-client/psp-client-metrics';

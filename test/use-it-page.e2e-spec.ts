@@ -1,16 +1,17 @@
 /**
  * docs/use-it-in-your-app.md as a test: what the page tells a new user to do, done in a temp dir. A Nest CLI scaffold
- * (`nest new`, offline), the layer copied into its src/, every ```ts file=… block of the page written where it says,
- * built with the scaffold's own `nest build` and tsconfig, started on a real PostgreSQL. If the page and the code
- * drift apart, this fails where the user would.
+ * (`nest new`, offline), the layer's packed tarball (`npm pack` of libs/idempotency) installed in it, every
+ * ```ts file=… block of the page written where it says, built with the scaffold's own `nest build` and tsconfig,
+ * started on a real PostgreSQL. If the page and the code drift apart, this fails where the user would.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
-import { cp, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
+import { existsSync, realpathSync } from 'node:fs';
 import { promisify } from 'node:util';
 import { Pool } from 'pg';
 import { until } from './support/outage-load';
@@ -22,6 +23,9 @@ const NEST = join(REPO, 'node_modules/@nestjs/cli/bin/nest.js');
 const PAGE = join(REPO, 'docs/use-it-in-your-app.md');
 /** Not installed in the scaffold: the page says it is needed only for metrics. */
 const OPTIONAL_PACKAGE = 'prom-client';
+const PACKAGE = '@idempotent-orders/idempotency';
+/** The repository's own link to the package (an npm workspace): the scaffold gets the packed tarball instead. */
+const PACKAGE_SCOPE = '@idempotent-orders';
 
 /** The page's whole files: a fenced block whose info string names where it goes (```ts file=src/app.module.ts). */
 function filesOfPage(markdown: string): Map<string, string> {
@@ -56,19 +60,33 @@ describe('docs/use-it-in-your-app.md, followed literally in a fresh Nest CLI sca
     // prom-client, which the page says is only for metrics: the app must build and run without it.
     await mkdir(join(app, 'node_modules'));
     for (const entry of await readdir(join(REPO, 'node_modules'))) {
-      if (entry !== OPTIONAL_PACKAGE) await symlink(join(REPO, 'node_modules', entry), join(app, 'node_modules', entry));
+      if (entry !== OPTIONAL_PACKAGE && entry !== PACKAGE_SCOPE) {
+        await symlink(join(REPO, 'node_modules', entry), join(app, 'node_modules', entry));
+      }
     }
     // The one change the page does not ask for: the scaffold's tests use vitest, which this repository does not install.
     const tsconfigPath = join(app, 'tsconfig.json');
     const tsconfig = JSON.parse(await readFile(tsconfigPath, 'utf8')) as { compilerOptions: { types?: string[] } };
     tsconfig.compilerOptions.types = tsconfig.compilerOptions.types?.filter((t) => !t.startsWith('vitest'));
     await writeFile(tsconfigPath, JSON.stringify(tsconfig, null, 2));
-    // "Copy libs/idempotency/src/ into your app as src/idempotency/, without the *.spec.ts files."
-    await cp(join(REPO, 'libs/idempotency/src'), join(app, 'src/idempotency'), {
-      recursive: true,
-      filter: (source) => !source.endsWith('.spec.ts'),
+    const page = await readFile(PAGE, 'utf8');
+    // "cd libs/idempotency && npm pack", then "npm i <path to>/<tarball>" in the app. Packed without its prepack build:
+    // `npm test` has just built libs/idempotency/dist (pretest), and a rebuild would empty it under the repository.
+    const { stdout: packed } = await run('npm', ['pack', '--ignore-scripts', '--silent', '--pack-destination', workDir], {
+      cwd: join(REPO, 'libs/idempotency'),
     });
-    const files = filesOfPage(await readFile(PAGE, 'utf8'));
+    const tarball = packed.trim().split('\n').pop() ?? '';
+    expect(page).toContain(`npm i <path to>/${tarball}`);
+    // What `npm i <tarball>` does, offline (its peers and its one dependency are among the linked packages above): the
+    // tarball unpacked into node_modules, and recorded in package.json.
+    const installed = join(app, 'node_modules', PACKAGE);
+    await mkdir(installed, { recursive: true });
+    await run('tar', ['-xzf', join(workDir, tarball), '-C', installed, '--strip-components=1']);
+    const manifestPath = join(app, 'package.json');
+    const manifest = JSON.parse(await readFile(manifestPath, 'utf8')) as { dependencies: Record<string, string> };
+    manifest.dependencies[PACKAGE] = `file:../${tarball}`;
+    await writeFile(manifestPath, JSON.stringify(manifest, null, 2));
+    const files = filesOfPage(page);
     expect([...files.keys()]).toEqual(
       expect.arrayContaining(['src/app.module.ts', 'src/main.ts', 'src/migrations/1750000000000-idempotency-keys.ts']),
     );
@@ -178,6 +196,25 @@ describe('docs/use-it-in-your-app.md, followed literally in a fresh Nest CLI sca
     expect(await replay.text()).toBe(firstBody);
     expect(await keyRows(key)).toEqual([{ state: 'completed', response_status: 422 }]);
     expect(await bookingsOf(room)).toBe(0);
+  });
+
+  it('the app runs the packed package: unpacked in its node_modules, no link into the repository, no sources', async () => {
+    const installed = realpathSync(join(app, 'node_modules', PACKAGE));
+    expect(installed.startsWith(REPO)).toBe(false);
+    expect(existsSync(join(installed, 'src'))).toBe(false);
+    const { stdout } = await run(
+      process.execPath,
+      ['--input-type=module', '-e', `console.log(import.meta.resolve('${PACKAGE}/messages'))`],
+      {
+        cwd: app,
+      },
+    );
+    expect(stdout.trim()).toBe(`file://${join(installed, 'dist/messages.js')}`);
+  });
+
+  it('the first screen of the page says what the layer attaches to the DataSource it is given', async () => {
+    const firstScreen = (await readFile(PAGE, 'utf8')).split('\n## ')[0];
+    expect(firstScreen).toMatch(/replaces `createQueryRunner` on the\s+DataSource/);
   });
 
   it('prom-client was not there to load', async () => {

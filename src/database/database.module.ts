@@ -1,5 +1,5 @@
 import { Inject, Injectable, Module, type OnApplicationBootstrap } from '@nestjs/common';
-import { Database } from '#idempotency';
+import { Database } from '@idempotent-orders/idempotency';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
 import { poolerSuspicion } from '#service-kit';

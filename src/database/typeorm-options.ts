@@ -1,5 +1,5 @@
 import type { DataSourceOptions } from 'typeorm';
-import { IdempotencyKey } from '#idempotency';
+import { IdempotencyKey } from '@idempotent-orders/idempotency';
 import { Order } from '../orders/order.entity.js';
 import { OrderEvent } from '../orders/order-event.entity.js';
 import { OrderItem } from '../orders/order-item.entity.js';

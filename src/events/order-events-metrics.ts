@@ -1,6 +1,6 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import { Database } from '#idempotency';
+import { Database } from '@idempotent-orders/idempotency';
 
 /**
  * - confirmed: the broker confirmed the publish (the row is then marked sent);

@@ -2,7 +2,7 @@ import { writeSync } from 'node:fs';
 import { Inject, Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
 import { type AmqpConnectionManager, type ChannelWrapper, connect } from 'amqp-connection-manager';
 import type { ConfirmChannel } from 'amqplib';
-import { Database } from '#idempotency';
+import { Database } from '@idempotent-orders/idempotency';
 import { RelayLoop } from '#outbox-relay';
 import { type AppConfig, printableUrl } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';

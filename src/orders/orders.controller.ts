@@ -21,7 +21,7 @@ import type { FastifyReply as Response, FastifyRequest as Request } from 'fastif
 import { ORDER_ID_MEMBER, ORDER_NOT_FOUND, UNAUTHORIZED } from '../common/api-problems.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { holdForConformance } from '../common/conformance-hold.js';
-import { IdempotencyMetrics } from '#idempotency/internal';
+import { IdempotencyMetrics } from '@idempotent-orders/idempotency';
 import { IdempotentEndpoint } from '../common/idempotent-endpoint.js';
 import { ApiSubmitToken } from '../submit-tokens/submit-token.decorator.js';
 import { idempotencyKeyOrSubmitTokenMissing, submitTokenWithIdempotencyKey } from '../submit-tokens/submit-token-problems.js';

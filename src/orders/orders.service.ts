@@ -1,8 +1,8 @@
 import { Injectable } from '@nestjs/common';
 import { createHash, randomBytes } from 'node:crypto';
 import { isUUID } from 'class-validator';
-import { Database } from '#idempotency';
-import { canonicalJson } from '#idempotency/internal';
+import { Database } from '@idempotent-orders/idempotency';
+import { canonicalJson, ProblemException } from '#service-kit';
 import type { CreateOrderDto, OrderItemDto } from './dto/create-order.dto.js';
 import { DEFAULT_PAGE_SIZE, type ListOrdersQuery } from './dto/list-orders.query.js';
 import type { OrderPage, OrderView } from './dto/order.view.js';
@@ -15,7 +15,6 @@ import { decodeCursor, encodeCursor } from './order-cursor.js';
 import { ORDER_TABLE_COLUMNS } from './order-columns.js';
 import { allowedFrom, nextStatuses } from './order-state-machine.js';
 import type { OrderStatus } from './order-status.js';
-import { ProblemException } from '#service-kit';
 
 interface OrderRow {
   id: string;

@@ -1,5 +1,5 @@
 import { Injectable, Logger, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
-import { Database, monotonicNow } from '#idempotency';
+import { Database, monotonicNow } from '@idempotent-orders/idempotency';
 import { LEASE_MARGIN_MS } from '../config/app-config.js';
 import { type PspCallResult, PspClient, type PspRefund } from '../psp-client/psp-client.js';
 import { LATE_REFUND_ALERT_ATTEMPTS, PaymentMetrics } from './payment-metrics.js';

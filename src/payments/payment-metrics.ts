@@ -1,6 +1,6 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Counter, Gauge, Registry } from 'prom-client';
-import { Database } from '#idempotency';
+import { Database } from '@idempotent-orders/idempotency';
 
 /**
  * Oldest pending payment, refund and late-charge refund, in one statement. Each reads min(created_at)

@@ -3,7 +3,7 @@ import { SchedulerRegistry } from '@nestjs/schedule';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
-import { AtomicPhases, Database, type LeasedKey } from '#idempotency';
+import { AtomicPhases, Database, type LeasedKey } from '@idempotent-orders/idempotency';
 import { OrdersService } from '../orders/orders.service.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import { LateChargeRefunder } from './late-charge-refunder.js';

@@ -1,4 +1,4 @@
-import { jsonResponse, problemResponse, type StoredResponse } from '#idempotency';
+import { jsonResponse, problemResponse, type StoredResponse } from '@idempotent-orders/idempotency';
 import type { PaymentView } from './dto/payment.view.js';
 import type { RefundView } from './dto/refund.view.js';
 import type { PaymentStatus } from './payment.entity.js';

@@ -1,6 +1,6 @@
 import { Injectable, Logger } from '@nestjs/common';
-import { AtomicPhases, Database, type StoredResponse } from '#idempotency';
-import { retryOnceOnDeadlock } from '#idempotency/internal';
+import { AtomicPhases, Database, type StoredResponse } from '@idempotent-orders/idempotency';
+import { retryOnceOnDeadlock } from '#service-kit';
 import { OrdersService } from '../orders/orders.service.js';
 import { type FoundBy, LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';

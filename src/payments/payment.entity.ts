@@ -1,5 +1,5 @@
 import { Check, Column, Entity, Index, JoinColumn, ManyToOne, PrimaryGeneratedColumn, Unique } from 'typeorm';
-import type { IdempotencyKey } from '#idempotency';
+import type { IdempotencyKey } from '@idempotent-orders/idempotency';
 import type { Order } from '../orders/order.entity.js';
 import { bigintColumn } from '../orders/order-columns.js';
 

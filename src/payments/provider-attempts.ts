@@ -1,7 +1,7 @@
 import { Inject, Injectable } from '@nestjs/common';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
-import { AtomicPhases, Database, type LeasedKey } from '#idempotency';
+import { AtomicPhases, Database, type LeasedKey } from '@idempotent-orders/idempotency';
 
 /** The two tables whose rows are sent to the provider: a payment is a charge, a refund a refund. */
 export type AttemptTable = 'payments' | 'refunds';

@@ -12,7 +12,7 @@ import {
   REFUND_PENDING,
 } from './payment-api-docs.js';
 import { ClientId } from '../common/client-id.decorator.js';
-import { AtomicPhases } from '#idempotency';
+import { AtomicPhases } from '@idempotent-orders/idempotency';
 import { type KeyAnswer, PhasedIdempotentEndpoint } from '../common/idempotent-endpoint.js';
 
 import { RefundPaymentDto } from './dto/refund-payment.dto.js';

@@ -1,6 +1,6 @@
 import { Injectable } from '@nestjs/common';
 import { isUUID } from 'class-validator';
-import { AtomicPhases, Database, type KeyScope, type LeasedKey, problemResponse } from '#idempotency';
+import { AtomicPhases, Database, type KeyScope, type LeasedKey, problemResponse } from '@idempotent-orders/idempotency';
 import type { KeyAnswer } from '../common/idempotent-endpoint.js';
 import type { OrderStatus } from '../orders/order-status.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';

@@ -13,7 +13,7 @@ import {
   wrap,
 } from 'cockatiel';
 import { request as sendRequest } from 'undici';
-import { monotonicNow } from '#idempotency';
+import { monotonicNow } from '@idempotent-orders/idempotency';
 import { type AttemptResult, describeAttempt, isRetryable, judgeLookup, judgeWrite, lookupItems } from './attempt-result.js';
 import { type BreakerCheck, PspBreaker } from './psp-breaker.js';
 import { type PspCallOutcome, PspClientMetrics, type PspOperation } from './psp-client-metrics.js';

@@ -1,6 +1,6 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Interval } from '@nestjs/schedule';
-import { deleteInBatches } from '#idempotency/internal';
+import { deleteInBatches } from '#service-kit';
 import { SubmitTokensService } from './submit-tokens.service.js';
 
 // Expired tokens are already refused; reaping only bounds the table, so once a minute is plenty.

@@ -2,7 +2,7 @@ import { Inject, Injectable } from '@nestjs/common';
 import { randomBytes } from 'node:crypto';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
-import { Database } from '#idempotency';
+import { Database } from '@idempotent-orders/idempotency';
 import type { CreatedOrder } from '../orders/orders.service.js';
 import { submitTokenInvalid, submitTokenUsed } from './submit-token-problems.js';
 import { type ProblemException } from '#service-kit';

@@ -1,7 +1,7 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Interval } from '@nestjs/schedule';
-import { Database } from '#idempotency';
-import { deleteInBatches } from '#idempotency/internal';
+import { Database } from '@idempotent-orders/idempotency';
+import { deleteInBatches } from '#service-kit';
 
 /**
  * How long a processed event is remembered. Standard Webhooks providers stop redelivering after a

@@ -3,15 +3,14 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { Webhook, WebhookVerificationError } from 'standardwebhooks';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
-import { Database } from '#idempotency';
-import { retryOnceOnDeadlock } from '#idempotency/internal';
+import { Database } from '@idempotent-orders/idempotency';
+import { ProblemException, retryOnceOnDeadlock } from '#service-kit';
 import type { PaymentStatus } from '../payments/payment.entity.js';
 import { type ProviderOutcome, PaymentSettlement } from '../payments/payment-settlement.js';
 import { LateChargeRefunder } from '../payments/late-charge-refunder.js';
 import { type ChargeEventData, parsePspWebhookEvent, type PspWebhookEvent, type RefundEventData } from './psp-webhook-event.js';
 import type { WebhookEffect } from './processed-webhook-event.entity.js';
 import { WebhookMetrics } from './webhook-metrics.js';
-import { ProblemException } from '#service-kit';
 
 /** Longer ids than any provider sends cannot be a provider's, and would not fit a btree index entry. */
 const MAX_WEBHOOK_ID = 255;

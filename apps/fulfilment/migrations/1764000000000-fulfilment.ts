@@ -1,5 +1,5 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
-import { createProcessedMessagesTable } from '#idempotency';
+import { createProcessedMessagesTable } from '@idempotent-orders/idempotency/messages';
 
 /**
  * The fulfilment consumer's own schema: new objects only, nothing of the order service's touched, so it is safe

@@ -1,5 +1,5 @@
 import { Controller, Get, Header, HttpCode, Inject, NotFoundException, Param, ParseUUIDPipe } from '@nestjs/common';
-import { Database, ProblemDetailsException } from '#idempotency';
+import { Database, ProblemDetailsException } from '@idempotent-orders/idempotency';
 import type { Registry } from 'prom-client';
 import { BrokerStatus } from './broker-status.js';
 import { METRICS_REGISTRY } from './metrics.js';

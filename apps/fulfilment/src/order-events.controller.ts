@@ -1,6 +1,6 @@
 import { Controller, Logger } from '@nestjs/common';
 import { EventPattern, Payload } from '@nestjs/microservices';
-import { IdempotentMessage } from '#idempotency';
+import { IdempotentMessage } from '@idempotent-orders/idempotency/messages';
 import { MalformedOrderEvent, type OrderEventType, parseOrderEvent } from './order-event.js';
 import { ShipmentsService } from './shipments.service.js';
 

@@ -1,5 +1,6 @@
 import { Inject, Injectable, Logger, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
-import { Database, reapProcessedMessages } from '#idempotency';
+import { Database } from '@idempotent-orders/idempotency';
+import { reapProcessedMessages } from '@idempotent-orders/idempotency/messages';
 import { FULFILMENT_CONFIG } from './fulfilment.module-tokens.js';
 import type { FulfilmentConfig } from './config.js';
 

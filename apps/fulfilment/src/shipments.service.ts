@@ -1,5 +1,5 @@
 import { Injectable } from '@nestjs/common';
-import { Database } from '#idempotency';
+import { Database } from '@idempotent-orders/idempotency';
 import type { OrderEvent } from './order-event.js';
 
 export interface Shipment {

@@ -1,5 +1,5 @@
 import type { MigrationInterface } from 'typeorm';
-import { createIdempotencyKeysTable, dropIdempotencyKeysTable } from '#idempotency';
+import { createIdempotencyKeysTable, dropIdempotencyKeysTable } from '@idempotent-orders/idempotency';
 
 /** The Idempotency-Key layer's table, as the layer defines it. */
 export class IdempotencyKeys1750000000000 implements MigrationInterface {

@@ -1,7 +1,7 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { APP_FILTER } from '@nestjs/core';
 import { TypeOrmModule } from '@nestjs/typeorm';
-import { IdempotencyKey, IdempotencyModule, ProblemDetailsFilter } from '#idempotency';
+import { IdempotencyKey, IdempotencyModule, ProblemDetailsFilter } from '@idempotent-orders/idempotency';
 import { IdempotencyKeys1750000000000 } from '../migrations/1750000000000-idempotency-keys.js';
 import { Transfers1750000100000 } from '../migrations/1750000100000-transfers.js';
 import { Transfer } from './transfer.entity.js';

@@ -1,5 +1,5 @@
 import { Body, Controller, Get, Headers, NotFoundException, Param, ParseUUIDPipe, Post, UseGuards } from '@nestjs/common';
-import { Idempotent } from '#idempotency';
+import { Idempotent } from '@idempotent-orders/idempotency';
 import { ClientGuard } from './client.guard.js';
 import { CreateTransferDto } from './create-transfer.dto.js';
 import type { Transfer } from './transfer.entity.js';

@@ -10,8 +10,7 @@ import {
   getSchemaPath,
 } from '@nestjs/swagger';
 import type { FastifyReply as Response } from 'fastify';
-import { IDEMPOTENT_REPLAYED_HEADER } from '#idempotency';
-import { parseIdempotencyKey } from '#idempotency/internal';
+import { IDEMPOTENT_REPLAYED_HEADER, parseIdempotencyKey } from '@idempotent-orders/idempotency';
 import { CreateChargeDto } from './dto/create-charge.dto.js';
 import { CreateRefundDto } from './dto/create-refund.dto.js';
 import { FindChargesQuery } from './dto/find-charges.query.js';

@@ -1,6 +1,6 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { randomBytes } from 'node:crypto';
-import { fingerprintRequest } from '#idempotency/internal';
+import { fingerprintRequest } from '@idempotent-orders/idempotency';
 import type { CreateChargeDto } from './dto/create-charge.dto.js';
 import type { CreateRefundDto } from './dto/create-refund.dto.js';
 import type { PspChargeView } from './dto/psp-charge.view.js';

@@ -1,4 +1,5 @@
-// The Idempotency-Key layer's public entry: import from here only (a lint rule refuses deeper imports).
+// The Idempotency-Key layer's HTTP entry, `@idempotent-orders/idempotency` (package.json "exports"); message handlers are
+// `@idempotent-orders/idempotency/messages` (messages.ts). Nothing else of the package is public.
 
 // Wiring: once, beside TypeOrmModule.forRoot.
 /** The layer's module: `IdempotencyModule.forRoot({ callerScope })` or `forRootAsync({ inject, useFactory })`. */
@@ -47,15 +48,21 @@ export { TransactionRolledBackError } from './database.js';
  */
 export { ConcurrentNestedTransactionError, IsolationLevelError, TransactionEndedError } from './typeorm-transaction.js';
 
-// Message handlers: an @EventPattern / @MessagePattern handler that runs once per message id.
-/** Marks a message handler: claim the message id in the handler's transaction, commit it with the effect, ack after COMMIT. */
-export { IdempotentMessage, type IdempotentMessageOptions, IdempotentMessageInterceptor } from './idempotent-message.js';
-/** The defaults a consumer app may override (its name, attempts before dead-lettering, …). */
-export { IDEMPOTENT_MESSAGE_DEFAULTS, type IdempotentMessageDefaults, MAX_BATCH_SIZE, type MessageBatching } from './idempotent-message.js';
-/** The processed-messages table for your migration, the reaper's delete, and the claim's SQL (to show it beside a naive one). */
-export {
-  claimMessagesStatement,
-  claimMessageStatement,
-  createProcessedMessagesTable,
-  reapProcessedMessages,
-} from './idempotent-message.js';
+// Parts of the layer for an app that answers as the layer does.
+/**
+ * The layer's outcome counters (`idempotency_requests_total`): a guard that refuses a request for the layer (a route
+ * that takes a second kind of key) counts its refusal here, as the interceptor would.
+ */
+export { IdempotencyMetrics } from './idempotency-metrics.js';
+/**
+ * The Idempotency-Key header's parser (either RFC 8941 form, a 400 problem otherwise) and the fingerprint a key is
+ * bound to (method, path, canonical body, bound headers): for a service that implements the same header itself.
+ */
+export { parseIdempotencyKey } from './idempotency-key-header.js';
+export { fingerprintRequest } from './request-fingerprint.js';
+/**
+ * How the layer tells PostgreSQL's errors apart (SQLSTATE codes, the driver's and the socket's words): the database
+ * unreachable, a lock/deadlock/serialization conflict, a unique violation, a cached plan a schema change invalidated.
+ * An app's exception filter that answers these (503, 409) uses the same tests, so it and the layer never disagree.
+ */
+export { isCachedPlanInvalidated, isDatabaseUnavailable, isTransientConflict, isUniqueViolation, PG, pgErrorCode } from './pg-errors.js';

@@ -1,6 +1,6 @@
 import { QueryFailedError } from 'typeorm';
 
-/** The one place that knows PostgreSQL's SQLSTATE codes. */
+/** The one place that knows PostgreSQL's SQLSTATE codes (public: the package's entry exports them with the tests below). */
 export const PG = {
   uniqueViolation: '23505',
   lockNotAvailable: '55P03',
@@ -98,14 +98,6 @@ export function isUniqueViolation(err: unknown, constraint?: string): boolean {
   return e?.code === PG.uniqueViolation && (constraint === undefined || e.constraint === constraint);
 }
 
-/**
- * SQLSTATE class 22, data exceptions: a value PostgreSQL cannot take (bad date, NUL in text, out of
- * range). Input validation should stop these first; this is the backstop that keeps them 4xx.
- */
-export function isDataException(err: unknown): boolean {
-  return pgErrorCode(err)?.startsWith('22') ?? false;
-}
-
 /** Lock waits past lock_timeout, deadlocks, serialization failures: the same request may succeed if retried. */
 export function isTransientConflict(err: unknown): boolean {
   const code = pgErrorCode(err);
@@ -166,18 +158,4 @@ function isUnreachable(err: unknown): boolean {
 export function isDatabaseUnavailable(err: unknown): boolean {
   for (const e of errorChain(err)) if (isUnreachable(e)) return true;
   return false;
-}
-
-/**
- * Runs `fn` (a whole transaction) once more when it lost a deadlock or a serialization failure.
- * Writers here take row locks in one order, so this should not happen; if it does, the loser retries.
- */
-export async function retryOnceOnDeadlock<T>(fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    const code = pgErrorCode(err);
-    if (code !== PG.deadlockDetected && code !== PG.serializationFailure) throw err;
-    return fn();
-  }
 }

@@ -1,7 +1,7 @@
 import { Client, type Pool } from 'pg';
 import { DataSource, type DataSourceOptions, type MigrationInterface } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
-import { PG, pgErrorCode } from '#idempotency/internal';
+import { PG, pgErrorCode } from './pg-errors.js';
 import { poolerSuspicion } from './pooler-check.js';
 
 // Any fixed number: every app of this repository (the service, the sandbox provider) takes the same advisory lock.

@@ -57,6 +57,23 @@ export {
 /** Signals handled in order: drain the app, close the pool, then stop the database server. */
 export { stopOnSignals, takeOverSignals } from './graceful-stop.js';
 
+// PostgreSQL and data
+/** PostgreSQL's errors told apart (the idempotency layer's tests, re-exported), and one retry of a whole transaction lost to a deadlock. */
+export {
+  isCachedPlanInvalidated,
+  isDatabaseUnavailable,
+  isDataException,
+  isTransientConflict,
+  isUniqueViolation,
+  PG,
+  pgErrorCode,
+  retryOnceOnDeadlock,
+} from './pg-errors.js';
+/** Deletes in bounded batches until a batch comes back short: every reaper's loop. */
+export { deleteInBatches } from './delete-in-batches.js';
+/** JSON with sorted keys: equal values, equal text (stored addresses, an order's creation digest). */
+export { canonicalJson } from './canonical-json.js';
+
 // Migrations
 /** Applies pending migrations under one advisory lock, DDL lock waits bounded and retried. */
 export { applyMigrations, DDL_LOCK_TIMEOUT_MS, migrationDataSourceOptions } from './apply-migrations.js';

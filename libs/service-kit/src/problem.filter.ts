@@ -1,13 +1,7 @@
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, Logger } from '@nestjs/common';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
-import { PoolExhaustedError, problemOf } from '#idempotency';
-import {
-  isCachedPlanInvalidated,
-  isDatabaseUnavailable,
-  isDataException,
-  isTransientConflict,
-  isUniqueViolation,
-} from '#idempotency/internal';
+import { PoolExhaustedError, problemOf } from '@idempotent-orders/idempotency';
+import { isCachedPlanInvalidated, isDatabaseUnavailable, isDataException, isTransientConflict, isUniqueViolation } from './pg-errors.js';
 import { plainProblem, type Problem, PROBLEM_CONTENT_TYPE, ProblemException } from './problem.js';
 
 /** Seconds to wait before retrying after a lock conflict or a full pool: long enough for most requests in the way to finish. */

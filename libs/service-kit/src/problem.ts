@@ -1,7 +1,14 @@
-import { ProblemDetailsException } from '#idempotency';
+import { STATUS_CODES } from 'node:http';
+import { type Problem, ProblemDetailsException } from '@idempotent-orders/idempotency';
 
-export { type Problem } from '#idempotency';
-export { PROBLEM_CONTENT_TYPE, plainProblem } from '#idempotency/internal';
+export { type Problem };
+
+export const PROBLEM_CONTENT_TYPE = 'application/problem+json';
+
+/** For a status with nothing more to say than its name (RFC 9457 §4.2.1). */
+export function plainProblem(status: number, detail?: string): Problem {
+  return { type: 'about:blank', title: STATUS_CODES[status] ?? 'Error', status, ...(detail ? { detail } : {}) };
+}
 
 /** Problem types are URNs: stable identifiers a client can switch on; the title is for people. */
 export function problemType(slug: string): string {
