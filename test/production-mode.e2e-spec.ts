@@ -206,6 +206,7 @@ describe('where the service listens, and says it does', () => {
         API_KEYS: STRONG_KEYS,
         PSP_WEBHOOK_SECRET: STRONG_WEBHOOK_SECRET,
         PSP_BASE_URL: PROVIDER,
+        IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${Buffer.from(Array.from({ length: 32 }, (_, i) => i * 5)).toString('base64')}`,
       });
       expect(boundAddresses(prod.port)).toEqual([ANY_V4]);
       expect(prod.service.output()).toContain('bound to 0.0.0.0: every interface');

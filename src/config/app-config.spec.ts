@@ -48,6 +48,14 @@ const WEBHOOK_SECRET = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
 /** What a real-database run must set at least. */
 const REAL = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'https://psp.example.com' };
 
+/** What production accepts: generated-looking keys and secret (app-config refuses hand-typed ones there). */
+const REAL_IN_PRODUCTION = {
+  ...REAL,
+  NODE_ENV: 'production',
+  API_KEYS: 'alice:3f9c2a7be41d8056c3e9f1a27b6d4e08',
+  PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(Array.from({ length: 32 }, (_, i) => i * 7)).toString('base64')}`,
+};
+
 /** A well-formed encryption key: base64 of 32 bytes. */
 const ENCRYPTION_KEY = Buffer.alloc(32, 9).toString('base64');
 
@@ -308,7 +316,7 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: Buffer.alloc(32, 1).toString('base64') }],
     ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${'*'.repeat(44)}` }],
     ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY},k1:${ENCRYPTION_KEY}` }],
-    ['IDEMPOTENCY_ENCRYPTION_KEYS', { ...REAL, NODE_ENV: 'production' }],
+    ['IDEMPOTENCY_ENCRYPTION_KEYS', REAL_IN_PRODUCTION],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '1' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '70000' }],
   ];
@@ -351,7 +359,7 @@ describe('loadConfig: IDEMPOTENCY_ENCRYPTION_KEYS', () => {
     const err = configError({ ...REAL, NODE_ENV: 'production' });
     expect(err.message).toContain('IDEMPOTENCY_ENCRYPTION_KEYS is required when NODE_ENV=production');
     expect(
-      loadConfig({ ...REAL, NODE_ENV: 'production', IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}` }).idempotencyEncryption?.current,
+      loadConfig({ ...REAL_IN_PRODUCTION, IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}` }).idempotencyEncryption?.current,
     ).toBe('k1');
     expect(loadConfig({ ...REAL }).idempotencyEncryption).toBeUndefined();
   });
