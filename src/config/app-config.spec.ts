@@ -358,9 +358,9 @@ describe('loadConfig: IDEMPOTENCY_ENCRYPTION_KEYS', () => {
   it('is required in production, optional (off) in development', () => {
     const err = configError({ ...REAL, NODE_ENV: 'production' });
     expect(err.message).toContain('IDEMPOTENCY_ENCRYPTION_KEYS is required when NODE_ENV=production');
-    expect(
-      loadConfig({ ...REAL_IN_PRODUCTION, IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}` }).idempotencyEncryption?.current,
-    ).toBe('k1');
+    expect(loadConfig({ ...REAL_IN_PRODUCTION, IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}` }).idempotencyEncryption?.current).toBe(
+      'k1',
+    );
     expect(loadConfig({ ...REAL }).idempotencyEncryption).toBeUndefined();
   });
 

@@ -111,7 +111,11 @@ export class PaymentSettlement {
    * In the caller's transaction: the refund of a charge that landed on `payment` after it was settled without it.
    * The sweep stops asking about the payment in the same commit.
    */
-  async recordLateCharge(payment: Pick<PaymentRow, 'id' | 'amount_minor'>, chargeId: string, foundBy: FoundBy): Promise<string | undefined> {
+  async recordLateCharge(
+    payment: Pick<PaymentRow, 'id' | 'amount_minor'>,
+    chargeId: string,
+    foundBy: FoundBy,
+  ): Promise<string | undefined> {
     await this.attempts.found(payment.id);
     return this.lateCharges.requestRefund(payment.id, chargeId, Number(payment.amount_minor), foundBy);
   }

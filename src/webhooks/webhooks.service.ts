@@ -161,13 +161,10 @@ export class WebhooksService {
     if (!claimed) return undefined;
     const effect = await this.effectOf(event);
     // In the same transaction: the event and its outcome are recorded together, or not at all.
-    await this.db.query(`UPDATE processed_webhook_events SET outcome = $2, detail = $3, payment_id = $4, refund_id = $5 WHERE webhook_id = $1`, [
-      webhookId,
-      effect.outcome,
-      effect.detail,
-      effect.paymentId ?? null,
-      effect.refundId ?? null,
-    ]);
+    await this.db.query(
+      `UPDATE processed_webhook_events SET outcome = $2, detail = $3, payment_id = $4, refund_id = $5 WHERE webhook_id = $1`,
+      [webhookId, effect.outcome, effect.detail, effect.paymentId ?? null, effect.refundId ?? null],
+    );
     return effect;
   }
 
