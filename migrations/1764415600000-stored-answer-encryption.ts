@@ -10,13 +10,10 @@ const SEALED_CHECK = 'ck_idempotency_keys_sealed_answer';
  */
 export class StoredAnswerEncryption1764415600000 implements MigrationInterface {
   async up(queryRunner: QueryRunner): Promise<void> {
+    // response_key_id: the id of the key that sealed response_sealed (IDEMPOTENCY_ENCRYPTION_KEYS); NULL: stored in plain.
+    // response_sealed: the answer (status, headers, body) sealed with AES-256-GCM — version byte, 12-byte IV, 16-byte
+    // tag, ciphertext — bound to the row id; when set, the plain response_* columns hold only a placeholder.
     await queryRunner.query(`ALTER TABLE "idempotency_keys" ADD COLUMN "response_key_id" text, ADD COLUMN "response_sealed" bytea`);
-    await queryRunner.query(
-      `COMMENT ON COLUMN "idempotency_keys"."response_key_id" IS 'Id of the encryption key that sealed response_sealed (IDEMPOTENCY_ENCRYPTION_KEYS); NULL: the answer is stored in plain'`,
-    );
-    await queryRunner.query(
-      `COMMENT ON COLUMN "idempotency_keys"."response_sealed" IS 'The answer (status, headers, body) sealed with AES-256-GCM: version byte, 12-byte IV, 16-byte tag, ciphertext; bound to the row id. When set, the plain response_* columns hold only a placeholder'`,
-    );
     // A sealed answer belongs to one completed answer of its row. An older build taking an expired key over does not
     // know the column and would leave the previous answer's seal beside its own plain one, to be replayed for the new
     // request by a newer build: that take-over fails instead (its request is retried), and no stale seal survives.
