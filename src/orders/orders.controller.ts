@@ -15,7 +15,9 @@ import {
   Query,
   Res,
   UseGuards,
+  UseInterceptors,
 } from '@nestjs/common';
+import { SettleStalePaymentsFirst } from './stale-payments.js';
 import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
 import { ORDER_ID_MEMBER, ORDER_NOT_FOUND, UNAUTHORIZED } from '../common/api-problems.js';
@@ -257,6 +259,8 @@ export class OrdersController {
   @ApiTransition('cancelled', 'Cancel an order')
   // Already safe to repeat (the conditional UPDATE); a key also replays the first answer byte for byte.
   @IdempotentEndpoint({ required: false })
+  // Below it, so it runs first: stale payments are settled before the key's transaction opens.
+  @UseInterceptors(SettleStalePaymentsFirst)
   cancelOrder(@ClientId() clientId: string, @Param('id') id: string, @Res({ passthrough: true }) res: Response): Promise<OrderView> {
     return this.transitionOrder(clientId, id, 'cancelled', res);
   }

@@ -215,8 +215,6 @@ function invalidTransition(order: OrderView, target: OrderStatus): ProblemExcept
 
 @Injectable()
 export class OrdersService {
-  private settleStalePayments?: (clientId: string, orderId: string) => Promise<void>;
-
   constructor(private readonly db: Database) {}
 
   async createOrder(clientId: string, dto: CreateOrderDto): Promise<CreatedOrder> {
@@ -313,8 +311,6 @@ export class OrdersService {
   async transitionOrder(clientId: string, id: string, target: OrderStatus): Promise<TransitionResult> {
     if (!isUUID(id)) throw orderNotFound(id);
     const from = allowedFrom(target);
-    // Before the order's lock: settling takes that lock too.
-    if (target === 'cancelled' && this.settleStalePayments) await this.settleStalePayments(clientId, id);
     return this.db.transaction(async () => {
       if (target === 'cancelled') await this.refuseWhilePaymentPending(clientId, id);
       for (let attempt = 0; ; attempt++) {
@@ -328,14 +324,6 @@ export class OrdersService {
         throw invalidTransition(current, target);
       }
     });
-  }
-
-  /**
-   * Who settles a pending payment whose request gave up (the payments module's reconciler), so that a cancel
-   * is not refused for a payment nobody is deciding any more.
-   */
-  settleStalePaymentsWith(settle: (clientId: string, orderId: string) => Promise<void>): void {
-    this.settleStalePayments = settle;
   }
 
   /**

@@ -4,7 +4,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { AppConfig } from '../config/app-config.js';
 import { APP_CONFIG } from '../config/config.module.js';
 import { AtomicPhases, Database, type LeasedKey } from '@idempotent-orders/idempotency';
-import { OrdersService } from '../orders/orders.service.js';
+import type { StalePaymentSettler } from '../orders/stale-payments.js';
 import { PspClient, PspUnreachableError } from '../psp-client/psp-client.js';
 import { LateChargeRefunder } from './late-charge-refunder.js';
 import { type ProviderOutcome, PaymentSettlement, type Settled } from './payment-settlement.js';
@@ -66,7 +66,7 @@ interface RecheckRow {
  * failed that way for money that landed after every bound.
  */
 @Injectable()
-export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
+export class PaymentReconciler implements OnModuleInit, OnModuleDestroy, StalePaymentSettler {
   private readonly logger = new Logger('PaymentReconciler');
   private running?: Promise<number>;
   private stopping = false;
@@ -84,13 +84,8 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
     private readonly attempts: ProviderAttempts,
     private readonly lateCharges: LateChargeRefunder,
     private readonly scheduler: SchedulerRegistry,
-    orders: OrdersService,
     @Inject(APP_CONFIG) private readonly config: AppConfig,
-  ) {
-    // A cancel that finds a pending payment past its lease settles it first, as a new pay does. Orders cannot import
-    // payments (payments import orders), so the cancel is handed this instead.
-    orders.settleStalePaymentsWith((clientId, orderId) => this.reconcileStalePaymentsOf(clientId, orderId));
-  }
+  ) {}
 
   /** Registered with @nestjs/schedule, which clears it when the app closes; the period comes from config, so not @Interval(). */
   onModuleInit(): void {
@@ -226,7 +221,8 @@ export class PaymentReconciler implements OnModuleInit, OnModuleDestroy {
    * on the caller's connection (inside its transaction, if it has one); only when there is one is it settled, on
    * connections of its own that commit before the caller goes on (outsideTransaction).
    */
-  private async reconcileStalePaymentsOf(clientId: string, orderId: string): Promise<void> {
+  /** A cancel's first step (StalePaymentSettler): the order's pending payments past their lease, settled as a new pay would. */
+  async settleStalePaymentsOf(clientId: string, orderId: string): Promise<void> {
     const stale = await this.db.query<{ id: string }>(
       `SELECT p.id FROM payments p JOIN idempotency_keys k ON k.id = p.idempotency_key_id
         WHERE p.order_id = $1 AND p.client_id = $2 AND p.status = 'pending' AND k.locked_until <= clock_timestamp()`,

@@ -1,5 +1,6 @@
 import { Module } from '@nestjs/common';
 import { OrdersModule } from '../orders/orders.module.js';
+import { STALE_PAYMENT_SETTLER } from '../orders/stale-payments.js';
 import { LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';
 import { PaymentReconciler } from './payment-reconciler.js';
@@ -13,7 +14,17 @@ import { RefundsService } from './refunds.service.js';
 @Module({
   imports: [OrdersModule],
   controllers: [PaymentsController, RefundsController],
-  providers: [PaymentsService, RefundsService, PaymentSettlement, PaymentReconciler, PaymentMetrics, LateChargeRefunder, ProviderAttempts],
+  providers: [
+    PaymentsService,
+    RefundsService,
+    PaymentSettlement,
+    PaymentReconciler,
+    PaymentMetrics,
+    LateChargeRefunder,
+    ProviderAttempts,
+    // What a cancel asks for (src/orders/stale-payments.ts): orders declare it, payments provide it.
+    { provide: STALE_PAYMENT_SETTLER, useExisting: PaymentReconciler },
+  ],
   exports: [PaymentSettlement, LateChargeRefunder],
 })
 export class PaymentsModule {}
