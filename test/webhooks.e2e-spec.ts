@@ -1,6 +1,6 @@
 import { jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import { randomUUID } from 'node:crypto';
+import { createHmac, randomUUID } from 'node:crypto';
 import { Webhook } from 'standardwebhooks';
 import request from 'supertest';
 import type { PspCallResult, PspRefund, RefundRequest } from '../src/psp-client/psp-client';
@@ -372,6 +372,50 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
         .set('webhook-timestamp', String(Math.floor(at.getTime() / 1000)))
         .set('webhook-signature', signer.sign(id, at, body))
         .send(body.replace('"amountMinor":2500', '"amountMinor": 2500'));
+      expect(res.status).toBe(401);
+      expect(await processed(id)).toHaveLength(0);
+    });
+
+    /** Standard Webhooks' v1 signature over exact bytes, computed here with node:crypto. */
+    const hmacOf = (id: string, timestamp: string, body: Buffer) =>
+      'v1,' +
+      createHmac('sha256', Buffer.from(SECRET.slice('whsec_'.length), 'base64'))
+        .update(`${id}.${timestamp}.`)
+        .update(body)
+        .digest('base64');
+
+    it('a body that differs from the signed one in a byte that is not UTF-8 (0xFE for 0xFF)', async () => {
+      const p = await orderWithPayment();
+      const id = `msg_${randomUUID()}`;
+      const json = JSON.stringify(chargeEvent('charge.succeeded', p));
+      const bodyWith = (byte: number) =>
+        Buffer.concat([Buffer.from(json.slice(0, -1) + ',"note":"'), Buffer.from([byte]), Buffer.from('"}')]);
+      const timestamp = String(Math.floor(Date.now() / 1000));
+      const res = await request(t.url)
+        .post('/webhooks/psp')
+        .set('Content-Type', 'application/json')
+        .set('webhook-id', id)
+        .set('webhook-timestamp', timestamp)
+        // What a signer that decodes the body as UTF-8 first signs for the 0xFF body: 0xFF became U+FFFD, as 0xFE does.
+        .set('webhook-signature', hmacOf(id, timestamp, Buffer.from(bodyWith(0xff).toString('utf8'))))
+        .send(bodyWith(0xfe));
+      expect(res.status).toBe(401);
+      expect(await processed(id)).toHaveLength(0);
+      expect(await payment(p.paymentId)).toMatchObject({ status: 'pending' });
+    });
+
+    it('a timestamp that is not whole seconds alone ("<now>junk"), signed as the number before the junk', async () => {
+      const p = await orderWithPayment();
+      const id = `msg_${randomUUID()}`;
+      const body = Buffer.from(JSON.stringify(chargeEvent('charge.succeeded', p)));
+      const now = String(Math.floor(Date.now() / 1000));
+      const res = await request(t.url)
+        .post('/webhooks/psp')
+        .set('Content-Type', 'application/json')
+        .set('webhook-id', id)
+        .set('webhook-timestamp', `${now}junk`)
+        .set('webhook-signature', hmacOf(id, now, body))
+        .send(body);
       expect(res.status).toBe(401);
       expect(await processed(id)).toHaveLength(0);
     });
