@@ -1,6 +1,6 @@
 import { createHmac } from 'node:crypto';
 import { Webhook } from 'standardwebhooks';
-import { WebhookSignatureError, WebhookSignatureVerifier } from './webhook-signature';
+import { WebhookSignatureError, WebhookSignatureVerifier } from './webhook-signature.js';
 
 const SECRET = `whsec_${Buffer.from('webhook-signature-spec-32-bytes!').toString('base64')}`;
 const KEY = Buffer.from(SECRET.slice('whsec_'.length), 'base64');
