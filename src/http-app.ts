@@ -11,6 +11,7 @@ import {
   applyHttpRules,
   documentOnEveryOperation,
   httpServerOptions,
+  MAX_CONNECTIONS,
   NEST_LOG_LEVELS,
   ProblemException,
   problemSchemas,
@@ -129,6 +130,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
   // builds no line that pino would then drop.
   NestLogger.overrideLogger(NEST_LOG_LEVELS[options.config.logLevel]);
   const fastify = app.getHttpAdapter().getInstance();
+  fastify.server.maxConnections = MAX_CONNECTIONS;
   const duration = httpDurationHistogram(app.get(Registry));
   // Before the body hooks (applyHttpRules), so that a request they refuse carries its id too.
   fastify.addHook('onRequest', (req, reply, done) => {

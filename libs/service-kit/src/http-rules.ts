@@ -1,7 +1,8 @@
 import { BadRequestException, Logger as NestLogger, UnsupportedMediaTypeException } from '@nestjs/common';
 import type { NestFastifyApplication } from '@nestjs/platform-fastify';
 import type { ValidationError } from 'class-validator';
-import type { FastifyInstance, FastifyServerOptions } from 'fastify';
+import type { FastifyHttpOptions, FastifyInstance } from 'fastify';
+import type { Server } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
 import secureJson from 'secure-json-parse';
@@ -16,6 +17,13 @@ import { CompiledValidationPipe } from './compiled-validation.pipe.js';
  * room and bounds what one request can make us parse.
  */
 export const BODY_LIMIT_BYTES = 64 * 1024;
+/** How long a client has to send a whole request: headers and body (see httpServerOptions). */
+export const REQUEST_RECEIVE_TIMEOUT_MS = 10_000;
+/**
+ * Open connections one process accepts; more are refused at once. Two cores serve ~1,000 req/s here; 1,024 keep-alive
+ * clients is far past what they can use, and it keeps a flood of idle sockets from taking every file descriptor.
+ */
+export const MAX_CONNECTIONS = 1_024;
 
 function flattenErrors(errors: ValidationError[], prefix = ''): { field: string; messages: string[] }[] {
   return errors.flatMap((e) => {
@@ -114,12 +122,15 @@ function acceptJsonBodies(fastify: FastifyInstance): void {
 }
 
 /** The HTTP server as the service and the sandbox provider's own process run it. */
-export function httpServerOptions(): FastifyServerOptions {
+export function httpServerOptions(): FastifyHttpOptions<Server> {
   const logger = new NestLogger('HttpServer');
   return {
     bodyLimit: BODY_LIMIT_BYTES,
-    // Node's own default, which Fastify turns off: a client sending its request slowly holds a socket for 5 minutes at most.
-    requestTimeout: 300_000,
+    // A whole request (headers and at most 64 KiB of body) arrives within 10 s: that is 50 kbit/s, slower than any client
+    // an API serves. A client trickling its request (one byte every few seconds) loses its socket then, not after 5 min.
+    requestTimeout: REQUEST_RECEIVE_TIMEOUT_MS,
+    // Node checks those deadlines every 30 s by default; once a second keeps the 10 s a bound, not a hint.
+    http: { headersTimeout: REQUEST_RECEIVE_TIMEOUT_MS, connectionsCheckingInterval: 1_000 },
     // URLs as people type them: /Orders/ is /orders.
     routerOptions: { caseSensitive: false, ignoreTrailingSlash: true },
     // X-Request-Id: the caller's when it is a sane token, else a new UUID (pino-http logs the same one).

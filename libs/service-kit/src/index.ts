@@ -29,7 +29,16 @@ export {
 
 // HTTP
 /** The Fastify server options and the body, validation and stop rules every app of this repository serves with. */
-export { applyHttpRules, bodyDefect, BODY_LIMIT_BYTES, httpServerOptions, MAX_JSON_DEPTH, validationProblem } from './http-rules.js';
+export {
+  applyHttpRules,
+  bodyDefect,
+  BODY_LIMIT_BYTES,
+  httpServerOptions,
+  MAX_CONNECTIONS,
+  MAX_JSON_DEPTH,
+  REQUEST_RECEIVE_TIMEOUT_MS,
+  validationProblem,
+} from './http-rules.js';
 /** Nest's ValidationPipe with each DTO's class-validator rules planned once; every refusal still goes through ValidationPipe. */
 export { CompiledValidationPipe } from './compiled-validation.pipe.js';
 /** X-Request-Id: the caller's when sane, else a new UUID, kept on the request. */
