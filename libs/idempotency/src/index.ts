@@ -66,3 +66,7 @@ export { fingerprintRequest } from './request-fingerprint.js';
  * An app's exception filter that answers these (503, 409) uses the same tests, so it and the layer never disagree.
  */
 export { isCachedPlanInvalidated, isDatabaseUnavailable, isTransientConflict, isUniqueViolation, PG, pgErrorCode } from './pg-errors.js';
+/** JSON with sorted keys, as the request fingerprint uses it: equal values, equal text. */
+export { canonicalJson } from './canonical-json.js';
+/** Deletes in bounded batches until a batch comes back short: the reaper's loop, for an app's own tables too. */
+export { deleteInBatches } from './delete-in-batches.js';

@@ -78,10 +78,11 @@ export {
   pgErrorCode,
   retryOnceOnDeadlock,
 } from './pg-errors.js';
-/** Deletes in bounded batches until a batch comes back short: every reaper's loop. */
-export { deleteInBatches } from './delete-in-batches.js';
-/** JSON with sorted keys: equal values, equal text (stored addresses, an order's creation digest). */
-export { canonicalJson } from './canonical-json.js';
+/**
+ * Deletes in bounded batches until a batch comes back short (every reaper's loop); JSON with sorted keys (stored
+ * addresses, an order's creation digest). The idempotency package's own, so the two never drift apart.
+ */
+export { canonicalJson, deleteInBatches } from '@idempotent-orders/idempotency';
 
 // Migrations
 /** Applies pending migrations under one advisory lock, DDL lock waits bounded and retried. */
