@@ -30,6 +30,7 @@ const OLD_LAYOUT = [
   'LateLandings1764415000000',
   'UnreachedSweep1764415100000',
   'OrderEventsOutbox1764415500000',
+  'StoredAnswerEncryption1764415600000',
 ];
 const NOT_A_PROVIDER = 'http://127.0.0.1:9/psp';
 
