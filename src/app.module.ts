@@ -1,5 +1,5 @@
 import { type DynamicModule, Module } from '@nestjs/common';
-import { APP_FILTER, APP_GUARD, HttpAdapterHost } from '@nestjs/core';
+import { APP_FILTER, APP_GUARD, DiscoveryModule, HttpAdapterHost } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { IdempotencyModule } from '@idempotent-orders/idempotency';
@@ -7,6 +7,7 @@ import { LoggerModule } from 'nestjs-pino';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ApiKeyGuard } from './common/api-key.guard.js';
+import { ApiKeys } from './common/api-keys.js';
 import { type AppConfig, LEASE_MARGIN_MS } from './config/app-config.js';
 import { APP_CONFIG, ConfigModule } from './config/config.module.js';
 import { DatabaseModule } from './database/database.module.js';
@@ -41,6 +42,8 @@ export class AppModule {
     return {
       module: AppModule,
       imports: [
+        // authenticateBeforeBody reads which routes the ApiKeyGuard guards from the controllers.
+        DiscoveryModule,
         ConfigModule.forRoot(config),
         LoggerModule.forRoot({
           // pino-http builds a child logger and runs the rest of every request in an async context of its own
@@ -122,10 +125,7 @@ export class AppModule {
         PaymentsModule,
         WebhooksModule,
       ],
-      providers: [
-        { provide: APP_GUARD, useClass: ApiKeyGuard },
-        { provide: APP_FILTER, useClass: ProblemFilter },
-      ],
+      providers: [ApiKeys, { provide: APP_GUARD, useClass: ApiKeyGuard }, { provide: APP_FILTER, useClass: ProblemFilter }],
     };
   }
 }

@@ -21,6 +21,7 @@ import {
 } from '#service-kit';
 import { AppModule, type AppOptions } from './app.module.js';
 import { QuietStartupLogger } from './common/quiet-startup-logger.js';
+import { authenticateBeforeBody } from './common/authenticate-before-body.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
 import { PSP_SANDBOX_TAG } from '#psp-sandbox';
 
@@ -120,7 +121,8 @@ export function buildOpenApiDocument(app: INestApplication) {
 
 /** Everything main.ts and the tests share: the app exactly as it serves traffic. */
 export async function createHttpApp(options: AppOptions): Promise<NestFastifyApplication> {
-  const adapter = new FastifyAdapter(httpServerOptions());
+  // req.ip: the client's address, X-Forwarded-For believed from TRUST_PROXY's proxies only (failed authentications are limited by it).
+  const adapter = new FastifyAdapter({ ...httpServerOptions(), trustProxy: options.config.trustProxy ?? false });
   const app = await NestFactory.create<NestFastifyApplication>(AppModule.forRoot(options), adapter, {
     bufferLogs: true,
     bodyParser: false,
@@ -137,6 +139,7 @@ export async function createHttpApp(options: AppOptions): Promise<NestFastifyApp
     reply.header('X-Request-Id', req.id);
     done();
   });
+  authenticateBeforeBody(app);
   fastify.addHook('onResponse', (req, reply, done) => {
     // The route pattern, not the URL: one series per endpoint, however many ids there are.
     duration.observe(

@@ -1,50 +1,24 @@
-import { type CanActivate, type ExecutionContext, Inject, Injectable } from '@nestjs/common';
+import { type CanActivate, type ExecutionContext, Injectable } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
-import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyRequest as Request } from 'fastify';
-import { APP_CONFIG } from '../config/config.module.js';
-import type { AppConfig } from '../config/app-config.js';
-import { ProblemException, PUBLIC_ROUTE } from '#service-kit';
+import { PUBLIC_ROUTE } from '#service-kit';
+import { ApiKeys } from './api-keys.js';
 
-declare module 'fastify' {
-  interface FastifyRequest {
-    /** The authenticated API client; everything it owns is scoped by this id. */
-    clientId?: string;
-  }
-}
-
-const digest = (value: string) => createHash('sha256').update(value).digest();
-
-function unauthorized(detail: string): ProblemException {
-  return ProblemException.of(401, 'unauthorized', 'Unauthorized', detail, {}, { 'WWW-Authenticate': 'Bearer' });
-}
-
-/** `Authorization: Bearer <secret>` against API_KEYS. Every configured secret is compared, in constant time, so timing reveals nothing. */
+/**
+ * Every route but the @Public() ones needs an API key. The key is normally checked earlier, when the headers are in
+ * (authenticateBeforeBody); this guard is the rule itself, for any route that check does not cover.
+ */
 @Injectable()
 export class ApiKeyGuard implements CanActivate {
-  private readonly clients: { clientId: string; digest: Buffer }[];
-
   constructor(
     private readonly reflector: Reflector,
-    @Inject(APP_CONFIG) config: AppConfig,
-  ) {
-    this.clients = config.apiClients.map((c) => ({ clientId: c.clientId, digest: digest(c.secret) }));
-  }
+    private readonly apiKeys: ApiKeys,
+  ) {}
 
-  canActivate(context: ExecutionContext): boolean {
+  async canActivate(context: ExecutionContext): Promise<boolean> {
     if (this.reflector.getAllAndOverride<boolean>(PUBLIC_ROUTE, [context.getHandler(), context.getClass()])) return true;
     const req = context.switchToHttp().getRequest<Request>();
-    const header = req.headers.authorization;
-    const match = header ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
-    if (!match) throw unauthorized('Send an API key as "Authorization: Bearer <key>".');
-    // Hashing first gives equal-length buffers, so timingSafeEqual leaks neither content nor length.
-    const presented = digest(match[1]);
-    let clientId: string | undefined;
-    for (const client of this.clients) {
-      if (timingSafeEqual(presented, client.digest)) clientId = client.clientId;
-    }
-    if (!clientId) throw unauthorized('The API key is not valid.');
-    req.clientId = clientId;
+    req.clientId ??= await this.apiKeys.authenticate(req);
     return true;
   }
 }

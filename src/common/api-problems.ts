@@ -10,6 +10,18 @@ export const UNAUTHORIZED: ProblemExample = {
   example: { type: 'urn:idempotent-orders:problem:unauthorized', title: 'Unauthorized', status: 401, detail: 'The API key is not valid.' },
 };
 
+export const TOO_MANY_FAILED_AUTHENTICATIONS: ProblemExample = {
+  status: 429,
+  description: 'Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed.',
+  headers: { 'Retry-After': { description: 'Seconds until this address may authenticate again.', schema: { type: 'integer' } } },
+  example: {
+    type: 'urn:idempotent-orders:problem:too-many-failed-authentications',
+    title: 'Too Many Failed Authentications',
+    status: 429,
+    detail: 'Too many wrong API keys from this address; try again in 60 s.',
+  },
+};
+
 export const ORDER_NOT_FOUND: ProblemExample = {
   status: 404,
   description: 'No such order for this client.',

@@ -17,6 +17,11 @@ export interface AppConfig {
   port: number;
   /** HOST: the address to listen on. Default: 127.0.0.1 in development (nobody else reaches the dev key), 0.0.0.0 in production. */
   host: string;
+  /**
+   * TRUST_PROXY: the addresses of the proxies in front (compose's nginx: `uniquelocal`). X-Forwarded-For is believed only
+   * from them, so the client's address (failed authentications are limited per address) cannot be written by the client.
+   */
+  trustProxy?: string[];
   /** Unset: the service starts an embedded PostgreSQL in `embeddedPgDir`. */
   databaseUrl?: string;
   /** DATABASE_MIGRATION_URL: a direct connection for the migrations (and their lock) when DATABASE_URL goes through a pooler. */
@@ -292,6 +297,30 @@ function listenHost(env: Env, production: boolean): string {
   return raw;
 }
 
+/** The names proxy-addr (Fastify's trustProxy) knows for whole address ranges. */
+const ADDRESS_RANGE_NAMES = ['loopback', 'linklocal', 'uniquelocal'];
+
+/**
+ * TRUST_PROXY: `10.0.0.7,10.1.0.0/16` or a range's name (`loopback`, `linklocal`, `uniquelocal`). Unset: no header is
+ * believed, the socket's address is the client's. Not a hop count: Fastify believes no header on a count alone, as
+ * nothing then says that the peer is a proxy.
+ */
+function trustedProxies(env: Env): string[] | undefined {
+  const raw = env.TRUST_PROXY?.trim();
+  if (!raw) return undefined;
+  const entries = raw.split(',').map((entry) => entry.trim());
+  const valid = (entry: string) => {
+    if (ADDRESS_RANGE_NAMES.includes(entry)) return true;
+    const [address, prefix, ...rest] = entry.split('/');
+    const family = isIP(address);
+    if (family === 0 || rest.length > 0) return false;
+    return prefix === undefined || (/^\d+$/.test(prefix) && Number(prefix) <= (family === 4 ? 32 : 128));
+  };
+  if (entries.every(valid)) return entries;
+  const problem = `must be proxy addresses or CIDR ranges, comma-separated, or one of ${ADDRESS_RANGE_NAMES.join(', ')}`;
+  return invalid(env, new ConfigError('TRUST_PROXY', problem, raw), undefined);
+}
+
 /**
  * `id:base64,id:base64`, each key 32 random bytes (AES-256), the first the one that seals. Only the ids are ever printed.
  * Required in production: a default that stores customers' names and addresses in plain text fails open.
@@ -506,6 +535,7 @@ function readConfig(env: Env): AppConfig {
     // 3000: what a Nest (or any Node) developer tries first. 0 = any free port (tests).
     port: integer(env, 'PORT', 3000, 0, 65535),
     host: listenHost(env, production),
+    trustProxy: trustedProxies(env),
     databaseUrl,
     databaseMigrationUrl,
     embeddedPgDir,

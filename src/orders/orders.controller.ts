@@ -20,7 +20,7 @@ import {
 import { SettleStalePaymentsFirst } from './stale-payments.js';
 import { ApiBearerAuth, ApiCreatedResponse, ApiHeader, ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
 import type { FastifyReply as Response, FastifyRequest as Request } from 'fastify';
-import { ORDER_ID_MEMBER, ORDER_NOT_FOUND, UNAUTHORIZED } from '../common/api-problems.js';
+import { ORDER_ID_MEMBER, ORDER_NOT_FOUND, UNAUTHORIZED, TOO_MANY_FAILED_AUTHENTICATIONS } from '../common/api-problems.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { holdForConformance } from '../common/conformance-hold.js';
 import { IdempotencyMetrics } from '@idempotent-orders/idempotency';
@@ -142,7 +142,7 @@ export class IdempotencyKeyOrSubmitTokenGuard implements CanActivate {
 
 @ApiTags('orders')
 @ApiBearerAuth()
-@ApiProblems(UNAUTHORIZED)
+@ApiProblems(UNAUTHORIZED, TOO_MANY_FAILED_AUTHENTICATIONS)
 @Controller('orders')
 export class OrdersController {
   constructor(

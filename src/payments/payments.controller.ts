@@ -1,7 +1,7 @@
 import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Req } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOkResponse, ApiOperation, ApiTags } from '@nestjs/swagger';
 import type { FastifyRequest as Request } from 'fastify';
-import { ORDER_NOT_FOUND, UNAUTHORIZED } from '../common/api-problems.js';
+import { ORDER_NOT_FOUND, UNAUTHORIZED, TOO_MANY_FAILED_AUTHENTICATIONS } from '../common/api-problems.js';
 import {
   NOTHING_TO_PAY,
   ORDER_NOT_PAYABLE,
@@ -22,7 +22,7 @@ import { ApiProblems, UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED } from '#service
 
 @ApiTags('payments')
 @ApiBearerAuth()
-@ApiProblems(UNAUTHORIZED)
+@ApiProblems(UNAUTHORIZED, TOO_MANY_FAILED_AUTHENTICATIONS)
 @Controller()
 export class PaymentsController {
   constructor(

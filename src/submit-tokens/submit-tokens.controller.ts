@@ -1,6 +1,6 @@
 import { Controller, HttpCode, HttpStatus, Post } from '@nestjs/common';
 import { ApiBearerAuth, ApiCreatedResponse, ApiOperation, ApiProperty, ApiTags } from '@nestjs/swagger';
-import { UNAUTHORIZED } from '../common/api-problems.js';
+import { UNAUTHORIZED, TOO_MANY_FAILED_AUTHENTICATIONS } from '../common/api-problems.js';
 import { ClientId } from '../common/client-id.decorator.js';
 import { SubmitTokensService } from './submit-tokens.service.js';
 import { ApiProblems } from '#service-kit';
@@ -19,7 +19,7 @@ export class SubmitTokenView {
 
 @ApiTags('orders')
 @ApiBearerAuth()
-@ApiProblems(UNAUTHORIZED)
+@ApiProblems(UNAUTHORIZED, TOO_MANY_FAILED_AUTHENTICATIONS)
 @Controller('submit-tokens')
 export class SubmitTokensController {
   constructor(private readonly submitTokens: SubmitTokensService) {}

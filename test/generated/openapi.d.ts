@@ -931,6 +931,20 @@ export interface components {
             /** @description What went wrong this time, for people. */
             detail?: string;
         };
+        /** @description The problem of type urn:idempotent-orders:problem:too-many-failed-authentications (Too Many Failed Authentications). */
+        TooManyFailedAuthenticationsProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:too-many-failed-authentications";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
         /** @description The problem of type urn:idempotent-orders:problem:order-number-conflict (Order number already used). */
         OrderNumberConflictProblem: {
             /**
@@ -1718,6 +1732,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
         };
     };
     createOrder: {
@@ -1858,6 +1891,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"] | components["schemas"]["SubmitTokenInvalidProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
             /** @description Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
             default: {
                 headers: {
@@ -1965,6 +2017,25 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
                 };
             };
         };
@@ -2156,6 +2227,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["PreconditionRequiredProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
             /** @description Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
             default: {
                 headers: {
@@ -2309,6 +2399,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
             /** @description Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
             default: {
                 headers: {
@@ -2458,6 +2567,25 @@ export interface operations {
                      *     }
                      */
                     "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"];
+                };
+            };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
                 };
             };
             /** @description Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
@@ -2611,6 +2739,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
             /** @description Any stored response replayed for a repeated Idempotency-Key carries Idempotent-Replayed: true. */
             default: {
                 headers: {
@@ -2718,6 +2865,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
         };
     };
     issueSubmitToken: {
@@ -2795,6 +2961,25 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
                 };
             };
         };
@@ -3325,6 +3510,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
         };
     };
     payOrder: {
@@ -3494,6 +3698,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["IdempotencyKeyReusedProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
             /**
              * @description The payment provider is failing (its circuit breaker is open): nothing was written, the key is free. Not stored.
              *
@@ -3616,6 +3839,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
         };
     };
     listPaymentRefunds: {
@@ -3712,6 +3954,25 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
                 };
             };
         };
@@ -3876,6 +4137,25 @@ export interface operations {
                     "application/problem+json": components["schemas"]["RefundExceedsPaymentProblem"] | components["schemas"]["IdempotencyKeyReusedProblem"];
                 };
             };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
+                };
+            };
             /**
              * @description The payment provider is failing (its circuit breaker is open): nothing was written, the key is free. Not stored.
              *
@@ -3996,6 +4276,25 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"] | components["schemas"]["UnsupportedMediaTypeProblem"];
+                };
+            };
+            /** @description Too many wrong API keys from this address within a minute: every key from it is refused until Retry-After has passed. */
+            429: {
+                headers: {
+                    /** @description Seconds until this address may authenticate again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:too-many-failed-authentications",
+                     *       "title": "Too Many Failed Authentications",
+                     *       "status": 429,
+                     *       "detail": "Too many wrong API keys from this address; try again in 60 s."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["TooManyFailedAuthenticationsProblem"];
                 };
             };
         };
