@@ -206,4 +206,36 @@ describe('Swagger UI', () => {
     },
     TEST_MS,
   );
+
+  it(
+    'runs under its security headers: a CSP it does not break, nosniff, no framing',
+    async () => {
+      await withScreenshotOnFailure('security-headers', async () => {
+        // Chromium reports each blocked script, style, image or request on the console.
+        const violations: string[] = [];
+        page.on('console', (message) => {
+          if (/Content Security Policy/i.test(message.text())) violations.push(message.text());
+        });
+        page.on('pageerror', (err) => violations.push(err.message));
+        const response = await page.goto(`${t.url}/docs`);
+        const headers = response!.headers();
+        expect(headers['content-security-policy']).toContain("script-src 'self'");
+        expect(headers['content-security-policy']).toContain("frame-ancestors 'none'");
+        expect(headers['x-content-type-options']).toBe('nosniff');
+        expect(headers['x-frame-options']).toBe('DENY');
+        await openAuthorized();
+        await page.click(GET_ORDER);
+        await page.click(`${GET_ORDER} button.try-out__btn`);
+        await page.fill(`${GET_ORDER} tr[data-param-name="id"] input`, randomUUID());
+        const answer = await execute(GET_ORDER);
+        expect(answer.status).toBe('404');
+        expect(violations).toEqual([]);
+        // The API's own answers carry them too.
+        const api = await fetch(`${t.url}/orders`);
+        expect(api.headers.get('x-content-type-options')).toBe('nosniff');
+        expect(api.headers.get('x-frame-options')).toBe('DENY');
+      });
+    },
+    TEST_MS,
+  );
 });
