@@ -8,6 +8,8 @@ import { loadEnvFile } from './config/load-env-file.js';
 import { createHttpApp } from './http-app.js';
 import {
   applyMigrations,
+  boundTo,
+  browsableHost,
   ConfigError,
   databaseAddress,
   openDatabaseServer,
@@ -42,21 +44,6 @@ async function listen(app: NestFastifyApplication, port: number, host: string): 
   // The bound port, which differs from PORT when PORT=0 (tests ask for any free port).
   return (app.getHttpServer().address() as { port: number }).port;
 }
-
-const WILDCARDS = new Set(['0.0.0.0', '::']);
-const LOOPBACK = /^(127\.|::1$|::ffff:127\.)/;
-
-/** The host to type into a browser for a bound address: localhost for loopback and for every interface (which include it). */
-const browsableHost = (host: string) =>
-  WILDCARDS.has(host) || LOOPBACK.test(host) ? 'localhost' : host.includes(':') ? `[${host}]` : host;
-
-/** Who can reach it: said, because "localhost" alone would not tell a loopback bind from every interface. */
-const boundTo = (host: string) =>
-  WILDCARDS.has(host)
-    ? `bound to ${host}: every interface, reachable from other machines`
-    : LOOPBACK.test(host)
-      ? `bound to ${host}: this machine only; HOST=0.0.0.0 to be reachable from others`
-      : `bound to ${host} only`;
 
 async function bootstrap(): Promise<void> {
   loadEnvFile();

@@ -1,7 +1,8 @@
 /**
  * What `docker compose up` publishes (issue 38): parsed from docker-compose.yml and deploy/nginx.conf as shipped.
  * Only the load balancer has a host port; it forwards the API and Swagger UI, never the sandbox provider (/psp) or
- * /metrics; the api runs no in-process sandbox (the image's NODE_ENV=production would refuse it anyway).
+ * /metrics; the api runs no in-process sandbox (the image's NODE_ENV=production would refuse it anyway); fulfilment's
+ * /shipments and /metrics need a token compose has no default for.
  */
 import { readFileSync } from 'node:fs';
 import { load } from 'js-yaml';
@@ -33,6 +34,11 @@ describe('docker-compose.yml publishes the API and Swagger UI only', () => {
     expect(api.PSP_BASE_URL).toContain('http://psp:4000/psp');
     expect(compose.services.psp.command).toEqual(['node', 'dist/apps/psp-sandbox/src/main.js']);
     expect(compose.services.psp.ports).toBeUndefined();
+  });
+
+  it('fulfilment (no host port) takes its bearer token from whoever runs compose: no default, which would be published here', () => {
+    expect(compose.services.fulfilment.ports).toBeUndefined();
+    expect(compose.services.fulfilment.environment?.FULFILMENT_API_TOKEN).toMatch(/^\$\{FULFILMENT_API_TOKEN:\?[^}]+\}$/);
   });
 
   it.each(['/orders', '/orders/abc', '/docs', '/docs-json', '/docs/static/index.html', '/health', '/webhooks/psp', '/patterns/x.md'])(

@@ -13,8 +13,11 @@ describe('the fulfilment consumer refuses a bad configuration at start-up', () =
   it('names every bad or missing variable in one message, and exits 1 without connecting to anything', async () => {
     const { code, output } = await runServiceToExit(
       {
+        NODE_ENV: 'prod',
         DATABASE_URL: 'mysql://localhost/orders',
         PORT: 'abc',
+        HOST: 'localhost',
+        FULFILMENT_API_TOKEN: 'short token',
         FULFILMENT_PREFETCH: '0',
         FULFILMENT_MAX_ATTEMPTS: '21',
         FULFILMENT_MARK_RETENTION_HOURS: '1.5',
@@ -27,9 +30,12 @@ describe('the fulfilment consumer refuses a bad configuration at start-up', () =
     );
     expect(code).toBe(1);
     expect(output.trim().split('; ')).toEqual([
-      'Invalid configuration: DATABASE_URL must be a postgres: or postgresql: URL, got mysql:',
+      'Invalid configuration: NODE_ENV must be production, development or test (or unset: development), got "prod"',
+      'DATABASE_URL must be a postgres: or postgresql: URL, got mysql:',
       'AMQP_URL must be set (e.g. amqp://guest:guest@127.0.0.1:5672)',
       'PORT must be an integer from 0 to 65535, got "abc"',
+      'HOST must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::), got "localhost"',
+      'FULFILMENT_API_TOKEN must be 16 or more visible ASCII characters, no spaces (e.g. openssl rand -hex 16)',
       'FULFILMENT_PREFETCH must be an integer from 1 to 1000, got "0"',
       'FULFILMENT_MAX_ATTEMPTS must be an integer from 1 to 20, got "21"',
       'FULFILMENT_MARK_RETENTION_HOURS must be an integer from 1 to 8760, got "1.5"',
@@ -56,6 +62,26 @@ describe('the fulfilment consumer refuses a bad configuration at start-up', () =
     );
     expect(code).toBe(1);
     expect(output.trim()).toBe('Invalid configuration: FULFILMENT_BATCH_SIZE must be an integer from 1 to 50, got "ten"');
+  });
+
+  it('NODE_ENV=production requires FULFILMENT_API_TOKEN, and a generated one: the token is never printed', async () => {
+    const production = {
+      NODE_ENV: 'production',
+      DATABASE_URL: 'postgres://u:p@127.0.0.1:1/db',
+      AMQP_URL: 'amqp://guest:guest@127.0.0.1:1',
+    };
+    const unset = await runServiceToExit(production, { main: MAIN });
+    expect(unset.code).toBe(1);
+    expect(unset.output.trim()).toBe(
+      'Invalid configuration: FULFILMENT_API_TOKEN must be set when NODE_ENV=production (e.g. openssl rand -hex 16)',
+    );
+    const handTyped = 'letmein-letmein-letmein-letmein';
+    const weak = await runServiceToExit({ ...production, FULFILMENT_API_TOKEN: handTyped }, { main: MAIN });
+    expect(weak.code).toBe(1);
+    expect(weak.output.trim()).toBe(
+      'Invalid configuration: FULFILMENT_API_TOKEN must be generated when NODE_ENV=production: 24 or more characters, 8 or more of them different (e.g. openssl rand -hex 16)',
+    );
+    expect(weak.output).not.toContain(handTyped);
   });
 });
 

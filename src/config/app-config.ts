@@ -4,7 +4,15 @@
  * or missing variable is named at once, not one per start.
  */
 import { isIP } from 'node:net';
-import { ConfigError, LOG_LEVEL_NAMES, type LogLevelName } from '#service-kit';
+import {
+  ConfigError,
+  listenHost as readListenHost,
+  LOG_LEVEL_NAMES,
+  type LogLevelName,
+  looksHandTyped,
+  MIN_DISTINCT_CHARACTERS,
+  MIN_PRODUCTION_SECRET_LENGTH,
+} from '#service-kit';
 
 export interface ApiClient {
   clientId: string;
@@ -210,14 +218,6 @@ const printableKeys = (raw: string) =>
     .map((pair) => `${pair.split(':')[0].split('=')[0].trim()}:***`)
     .join(',');
 
-/**
- * Secrets a person typed rather than generated: refused in production (the length floor of 16 holds everywhere).
- * 24 characters of a generator (openssl rand -hex 16 gives 32) carry 96 bits or more, and 24 random characters
- * have 8 different ones with a probability of 1 - 1e-5 even from hex; "aaaa…" or "abab…" have 1 or 2.
- */
-const MIN_PRODUCTION_KEY_LENGTH = 24;
-const MIN_DISTINCT_CHARACTERS = 8;
-
 function apiClients(env: Env, raw: string, production: boolean): ApiClient[] {
   const clients = raw.split(',').map((pair) => {
     const at = pair.indexOf(':');
@@ -232,15 +232,12 @@ function apiClients(env: Env, raw: string, production: boolean): ApiClient[] {
   if (secrets.size !== clients.length) {
     return invalid(env, new ConfigError('API_KEYS', 'must not repeat a secret', printableKeys(raw)), []);
   }
-  // The published dev key is refused by a rule of its own, which says why.
-  const weak = clients.filter(
-    ({ secret }) =>
-      secret !== DEV_API_CLIENT.secret && (secret.length < MIN_PRODUCTION_KEY_LENGTH || new Set(secret).size < MIN_DISTINCT_CHARACTERS),
-  );
+  // The published dev key is refused by a rule of its own, which says why; the length floor of 16 holds everywhere.
+  const weak = clients.filter(({ secret }) => secret !== DEV_API_CLIENT.secret && looksHandTyped(secret));
   if (production && weak.length) {
     const problem =
       `must hold generated secrets when NODE_ENV=production: ${weak.map((c) => c.clientId).join(', ')} ` +
-      `has a secret under ${MIN_PRODUCTION_KEY_LENGTH} characters or of fewer than ${MIN_DISTINCT_CHARACTERS} different ones (e.g. openssl rand -hex 16)`;
+      `has a secret under ${MIN_PRODUCTION_SECRET_LENGTH} characters or of fewer than ${MIN_DISTINCT_CHARACTERS} different ones (e.g. openssl rand -hex 16)`;
     return invalid(env, new ConfigError('API_KEYS', problem, printableKeys(raw)), []);
   }
   return clients.map(({ clientId, secret }) => ({ clientId, secret }));
@@ -283,18 +280,10 @@ function deployment(env: Env, databaseUrl: string | undefined): string | undefin
   return undefined;
 }
 
-/**
- * HOST: where to listen. Development binds loopback, so the dev key and the sandbox are this machine's alone;
- * production (a container behind a load balancer) binds every interface. An address, not a name: the banner and
- * the in-process sandbox's webhooks must know exactly where the service is.
- */
+/** HOST: where to listen (the rule, loopback in development, is #service-kit's, shared with the fulfilment consumer). */
 function listenHost(env: Env, production: boolean): string {
-  const raw = env.HOST?.trim();
-  const fallback = production ? '0.0.0.0' : '127.0.0.1';
-  if (raw === undefined || raw === '') return fallback;
-  if (isIP(raw) === 0)
-    return invalid(env, new ConfigError('HOST', 'must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::)', raw), fallback);
-  return raw;
+  const { host, problem } = readListenHost(env.HOST, production);
+  return problem ? invalid(env, new ConfigError('HOST', problem, env.HOST?.trim() ?? ''), host) : host;
 }
 
 /** The names proxy-addr (Fastify's trustProxy) knows for whole address ranges. */

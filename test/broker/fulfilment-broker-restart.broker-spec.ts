@@ -15,7 +15,7 @@ import { resolve } from 'node:path';
 import { Pool } from 'pg';
 import { freePort } from '../../src/common/free-port';
 import { alive, type RabbitMq, startRabbitMq } from '../support/rabbitmq';
-import { type ServiceProcess, startServiceProcess } from '../support/service-process';
+import { FULFILMENT_AUTH, FULFILMENT_TOKEN, type ServiceProcess, startServiceProcess } from '../support/service-process';
 import { until } from '../support/until';
 import { createTestDatabase, ignoreIdleErrors } from '../support/test-app';
 import { orderEvent, type OrderEventsPublisher, orderEventsPublisher, type TestOrderEvent } from './order-events-publisher';
@@ -42,7 +42,13 @@ describe('fulfilment: the broker stopped, killed, or dropping the consumer under
     [broker, database] = await Promise.all([startRabbitMq(), createTestDatabase({ empty: true })]);
     db = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 2 }));
     consumer = await startServiceProcess(
-      { DATABASE_URL: database.url, AMQP_URL: broker.url, PORT: String(await freePort()), FULFILMENT_PREFETCH: '20' },
+      {
+        DATABASE_URL: database.url,
+        AMQP_URL: broker.url,
+        PORT: String(await freePort()),
+        FULFILMENT_PREFETCH: '20',
+        FULFILMENT_API_TOKEN: FULFILMENT_TOKEN,
+      },
       { main: MAIN },
     );
   }, 180_000);
@@ -77,7 +83,7 @@ describe('fulfilment: the broker stopped, killed, or dropping the consumer under
     expect((await health()).body).toEqual({ status: 'ok', database: 'up', broker: 'connected', consumer: 'consuming' });
   };
   const outcomes = async (): Promise<Record<string, number>> => {
-    const text = await (await fetch(`${consumer.url}/metrics`)).text();
+    const text = await (await fetch(`${consumer.url}/metrics`, FULFILMENT_AUTH)).text();
     const counts: Record<string, number> = {};
     for (const [, outcome, value] of text.matchAll(/^idempotent_messages_total\{consumer="fulfilment",outcome="([a-z-]+)"\} (\d+)$/gm)) {
       counts[outcome] = Number(value);

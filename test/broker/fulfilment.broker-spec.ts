@@ -10,7 +10,7 @@ import { connect } from 'amqplib';
 import { type PoolClient, Pool } from 'pg';
 import { freePort } from '../../src/common/free-port';
 import { type RabbitMq, startRabbitMq } from '../support/rabbitmq';
-import { type ServiceProcess, startServiceProcess } from '../support/service-process';
+import { FULFILMENT_AUTH, FULFILMENT_TOKEN, type ServiceProcess, startServiceProcess } from '../support/service-process';
 import { until } from '../support/until';
 import { createTestDatabase, ignoreIdleErrors } from '../support/test-app';
 import { orderEvent, type OrderEventsPublisher, orderEventsPublisher } from './order-events-publisher';
@@ -55,7 +55,7 @@ async function databaseRelay(target: URL): Promise<{ url: string; cut(): Promise
 
 /** `idempotent_messages_total` of one consumer process, by outcome. */
 async function outcomes(consumer: ServiceProcess): Promise<Record<string, number>> {
-  const text = await (await fetch(`${consumer.url}/metrics`)).text();
+  const text = await (await fetch(`${consumer.url}/metrics`, FULFILMENT_AUTH)).text();
   const counts: Record<string, number> = {};
   for (const [, outcome, value] of text.matchAll(/^idempotent_messages_total\{consumer="fulfilment",outcome="([a-z-]+)"\} (\d+)$/gm)) {
     counts[outcome] = Number(value);
@@ -65,7 +65,7 @@ async function outcomes(consumer: ServiceProcess): Promise<Record<string, number
 
 /** `idempotent_messages_held` of one consumer process: deliveries it holds unsettled while the database is unavailable. */
 async function heldNow(consumer: ServiceProcess): Promise<number | undefined> {
-  const text = await (await fetch(`${consumer.url}/metrics`)).text();
+  const text = await (await fetch(`${consumer.url}/metrics`, FULFILMENT_AUTH)).text();
   const found = /^idempotent_messages_held\{consumer="fulfilment"\} (\d+)$/m.exec(text);
   return found ? Number(found[1]) : undefined;
 }
@@ -87,6 +87,7 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
         AMQP_URL: broker.url,
         PORT: String(await freePort()),
         FULFILMENT_MAX_ATTEMPTS: String(MAX_ATTEMPTS),
+        FULFILMENT_API_TOKEN: FULFILMENT_TOKEN,
         ...env,
       },
       { main: MAIN },
@@ -355,7 +356,7 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
       ].sort((x, y) => String(x[0]).localeCompare(String(y[0]))),
     );
 
-    const found = await fetch(`${consumer.url}/shipments/${reversed}`);
+    const found = await fetch(`${consumer.url}/shipments/${reversed}`, FULFILMENT_AUTH);
     expect(found.status).toBe(200);
     expect(await found.json()).toMatchObject({
       orderId: reversed,
@@ -364,10 +365,10 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
       totalMinor: 4_200,
       currency: 'EUR',
     });
-    const missing = await fetch(`${consumer.url}/shipments/${randomUUID()}`);
+    const missing = await fetch(`${consumer.url}/shipments/${randomUUID()}`, FULFILMENT_AUTH);
     expect(missing.status).toBe(404);
     expect(missing.headers.get('content-type')).toContain('application/problem+json');
-    const bad = await fetch(`${consumer.url}/shipments/not-a-uuid`);
+    const bad = await fetch(`${consumer.url}/shipments/not-a-uuid`, FULFILMENT_AUTH);
     expect(bad.status).toBe(400);
     expect(bad.headers.get('content-type')).toContain('application/problem+json');
     const health = await fetch(`${consumer.url}/health`);

@@ -11,7 +11,7 @@ import { Pool } from 'pg';
 import request from 'supertest';
 import { freePort } from '../../src/common/free-port';
 import { type RabbitMq, startRabbitMq } from '../support/rabbitmq';
-import { runServiceToExit, type ServiceProcess, startServiceProcess } from '../support/service-process';
+import { FULFILMENT_AUTH, FULFILMENT_TOKEN, runServiceToExit, type ServiceProcess, startServiceProcess } from '../support/service-process';
 import { until } from '../support/until';
 import { ALICE, bearer, createTestDatabase, ignoreIdleErrors, startTestApp, type TestApp, WEBHOOK_SECRET } from '../support/test-app';
 
@@ -31,13 +31,19 @@ describe('order events end to end: the API, the outbox relay, RabbitMQ, the fulf
 
   const startConsumer = async () =>
     (consumer = await startServiceProcess(
-      { DATABASE_URL: fulfilment.url, AMQP_URL: broker.url, PORT: String(await freePort()), FULFILMENT_PREFETCH: '10' },
+      {
+        DATABASE_URL: fulfilment.url,
+        AMQP_URL: broker.url,
+        PORT: String(await freePort()),
+        FULFILMENT_PREFETCH: '10',
+        FULFILMENT_API_TOKEN: FULFILMENT_TOKEN,
+      },
       { main: FULFILMENT },
     ));
   const count = async (sql: string, params: unknown[] = []) => (await shipmentsDb.query<{ n: number }>(sql, params)).rows[0].n;
   const shipments = () => count(`SELECT count(*)::int AS n FROM fulfilment.shipments`);
   const outcomes = async (): Promise<Record<string, number>> => {
-    const text = await (await fetch(`${consumer!.url}/metrics`)).text();
+    const text = await (await fetch(`${consumer!.url}/metrics`, FULFILMENT_AUTH)).text();
     const counts: Record<string, number> = {};
     for (const [, outcome, value] of text.matchAll(/^idempotent_messages_total\{consumer="fulfilment",outcome="([a-z-]+)"\} (\d+)$/gm)) {
       counts[outcome] = Number(value);

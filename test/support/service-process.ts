@@ -17,6 +17,10 @@ export interface ServiceProcess {
   kill(signal: NodeJS.Signals): Promise<number | null>;
 }
 
+/** FULFILMENT_API_TOKEN of the fulfilment processes tests start, and the fetch options its /shipments and /metrics need. */
+export const FULFILMENT_TOKEN = 'fulfilment-test-token-0123456789';
+export const FULFILMENT_AUTH = { headers: { authorization: `Bearer ${FULFILMENT_TOKEN}` } };
+
 /** The built sandbox provider, as `npm run psp` runs it (PSP_PORT=0 for a free port); its URL without the /psp prefix. */
 export const SANDBOX_MAIN = resolve(process.cwd(), 'dist/apps/psp-sandbox/src/main.js');
 

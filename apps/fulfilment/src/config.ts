@@ -1,5 +1,14 @@
 import type { LogLevel } from '@nestjs/common';
-import { LOG_LEVEL_NAMES, type LogLevelName, NEST_LOG_LEVELS } from '#service-kit';
+import { randomBytes } from 'node:crypto';
+import {
+  listenHost,
+  LOG_LEVEL_NAMES,
+  type LogLevelName,
+  looksHandTyped,
+  MIN_DISTINCT_CHARACTERS,
+  MIN_PRODUCTION_SECRET_LENGTH,
+  NEST_LOG_LEVELS,
+} from '#service-kit';
 
 /**
  * The fulfilment consumer's configuration, read and validated once at start-up: every bad or missing variable is
@@ -12,6 +21,12 @@ export interface FulfilmentConfig {
   amqpUrls: string[];
   /** HTTP: GET /health, GET /shipments/{orderId}, GET /metrics. */
   port: number;
+  /** HOST: the address to listen on. Default: 127.0.0.1 in development, 0.0.0.0 in production (as the order service). */
+  host: string;
+  /** FULFILMENT_API_TOKEN: the bearer token every HTTP route but GET /health requires (shipments name clients and totals). */
+  apiToken: string;
+  /** True when FULFILMENT_API_TOKEN was unset and this start made its own (development only; the banner prints it). */
+  apiTokenGenerated: boolean;
   /** Deliveries unacked at once on this consumer's channel (its concurrency and its share of a redelivery). */
   prefetch: number;
   /** Deliveries of a failing message before it is dead-lettered. */
@@ -32,9 +47,12 @@ export class FulfilmentConfigError extends Error {}
 
 /** Every variable the consumer reads (`.env.example` lists them in its fulfilment section; a test holds the two together). */
 export const FULFILMENT_VARIABLES = [
+  'NODE_ENV',
   'DATABASE_URL',
   'AMQP_URL',
   'PORT',
+  'HOST',
+  'FULFILMENT_API_TOKEN',
   'FULFILMENT_PREFETCH',
   'FULFILMENT_MAX_ATTEMPTS',
   'FULFILMENT_MARK_RETENTION_HOURS',
@@ -108,12 +126,60 @@ function fault(env: Env, problems: string[]): FulfilmentConfig['fault'] {
   return raw === 'die-after-batch-commit' ? raw : undefined;
 }
 
+/**
+ * NODE_ENV=production: FULFILMENT_API_TOKEN required and generated, HOST every interface by default. Only the usual
+ * three words, as the order service reads it: "prod" must not quietly mean development.
+ */
+function productionMode(env: Env, problems: string[]): boolean {
+  const raw = env.NODE_ENV?.trim();
+  if (!raw) return false;
+  if (!['production', 'development', 'test'].includes(raw))
+    problems.push(`NODE_ENV must be production, development or test (or unset: development), got "${raw}"`);
+  return raw === 'production';
+}
+
+function listenAddress(env: Env, production: boolean, problems: string[]): string {
+  const { host, problem } = listenHost(env.HOST, production);
+  if (problem) problems.push(`HOST ${problem}, got "${env.HOST?.trim()}"`);
+  return host;
+}
+
+const GENERATE = 'e.g. openssl rand -hex 16';
+
+/**
+ * FULFILMENT_API_TOKEN, never printed when refused. Unset in development: a random token made at each start and
+ * printed in the banner. Not a published dev token like the order service's dev API key: that rule refuses it whenever
+ * DATABASE_URL is set, and this consumer always has one, so it could never be used. Required in production: a token
+ * that changes at each restart would lock out the scraper, and production logs are no place for a secret.
+ */
+function apiToken(env: Env, production: boolean, problems: string[]): Pick<FulfilmentConfig, 'apiToken' | 'apiTokenGenerated'> {
+  const raw = env.FULFILMENT_API_TOKEN?.trim();
+  if (!raw) {
+    if (production) problems.push(`FULFILMENT_API_TOKEN must be set when NODE_ENV=production (${GENERATE})`);
+    // 24 random bytes: 32 characters, well past the production floor the token would have to meet.
+    return { apiToken: randomBytes(24).toString('base64url'), apiTokenGenerated: true };
+  }
+  // Visible ASCII: it travels in an Authorization header, where a space would end it.
+  if (!/^[\x21-\x7e]{16,}$/.test(raw)) {
+    problems.push(`FULFILMENT_API_TOKEN must be 16 or more visible ASCII characters, no spaces (${GENERATE})`);
+  } else if (production && looksHandTyped(raw)) {
+    problems.push(
+      `FULFILMENT_API_TOKEN must be generated when NODE_ENV=production: ${MIN_PRODUCTION_SECRET_LENGTH} or more characters, ` +
+        `${MIN_DISTINCT_CHARACTERS} or more of them different (${GENERATE})`,
+    );
+  }
+  return { apiToken: raw, apiTokenGenerated: false };
+}
+
 export function loadFulfilmentConfig(env: Env = process.env): FulfilmentConfig {
   const problems: string[] = [];
+  const production = productionMode(env, problems);
   const config: FulfilmentConfig = {
     databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'], 'postgres://user:password@localhost:5432/orders', problems),
     amqpUrls: urlList(env, 'AMQP_URL', ['amqp:', 'amqps:'], 'amqp://guest:guest@127.0.0.1:5672', problems),
     port: integer(env, 'PORT', 3002, 0, 65_535, problems),
+    host: listenAddress(env, production, problems),
+    ...apiToken(env, production, problems),
     prefetch: integer(env, 'FULFILMENT_PREFETCH', 20, 1, 1_000, problems),
     // At most the queue's fixed delivery limit (broker.ts), which must stay the backstop behind it.
     maxAttempts: integer(env, 'FULFILMENT_MAX_ATTEMPTS', 5, 1, 20, problems),

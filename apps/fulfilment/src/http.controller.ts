@@ -1,11 +1,18 @@
-import { Controller, Get, Header, HttpCode, Inject, NotFoundException, Param, ParseUUIDPipe } from '@nestjs/common';
+import { Controller, Get, Header, HttpCode, Inject, NotFoundException, Param, ParseUUIDPipe, UseGuards } from '@nestjs/common';
 import { Database, ProblemDetailsException } from '@idempotent-orders/idempotency';
 import type { Registry } from 'prom-client';
+import { Public } from '#service-kit';
+import { ApiTokenGuard } from './api-token.guard.js';
 import { BrokerStatus } from './broker-status.js';
 import { METRICS_REGISTRY } from './metrics.js';
 import { type Shipment, ShipmentsService } from './shipments.service.js';
 
+/**
+ * Guarded here rather than app-wide: the app's global enhancers also run on the broker's message handlers
+ * (connectMicroservice inherits them), which have no Authorization header. Shipments name clients and totals.
+ */
 @Controller()
+@UseGuards(ApiTokenGuard)
 export class HttpController {
   constructor(
     private readonly shipments: ShipmentsService,
@@ -28,6 +35,7 @@ export class HttpController {
    * Hand-written, not @nestjs/terminus: two checks, one of them the transport's own status, which terminus has no indicator for.
    */
   @Get('health')
+  @Public()
   @HttpCode(200)
   async health(): Promise<{ status: 'ok'; database: 'up'; broker: string; consumer: 'consuming' }> {
     const database = await this.db.query('SELECT 1').then(

@@ -53,6 +53,10 @@ export { Public, PUBLIC_ROUTE } from './public-route.js';
 export { LOG_LEVEL_NAMES, type LogLevelName, NEST_LOG_LEVELS } from './log-levels.js';
 /** A bad environment variable, named in one line (several at once with ConfigError.of). */
 export { ConfigError } from './config-error.js';
+/** HOST's rule (loopback in development, every interface in production), and the banner's words for a bound address. */
+export { boundTo, browsableHost, listenHost } from './listen-address.js';
+/** The production floor for a secret a person could have typed (API keys, bearer tokens). */
+export { looksHandTyped, MIN_DISTINCT_CHARACTERS, MIN_PRODUCTION_SECRET_LENGTH } from './secret-strength.js';
 /** A refusal to start whose message says everything: printed alone, exit 1. */
 export { StartupError } from './startup-error.js';
 /** DATABASE_URL, or the embedded PostgreSQL when unset (loaded only then); its address without the password. */
