@@ -6,6 +6,7 @@ import { DEV_API_CLIENT, loadConfig, printableUrl } from './config/app-config.js
 import { ORDER_EVENTS_EXCHANGE } from './events/order-events-outbox.js';
 import { loadEnvFile } from './config/load-env-file.js';
 import { createHttpApp } from './http-app.js';
+import { CommitDurabilityCheck } from './database/database.module.js';
 import {
   applyMigrations,
   boundTo,
@@ -66,12 +67,14 @@ async function bootstrap(): Promise<void> {
     await database.stop();
     throw err;
   }
+  const commits = await app.get(CommitDurabilityCheck).current();
   // Last, so that it is what the first screen shows.
   const url = `http://${browsableHost(config.host)}:${port}`;
   const lines = [
     `idempotent-orders listening on ${url} (${boundTo(config.host)})`,
     `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir} (port ${config.embeddedPgPort})` : `DATABASE_URL (${databaseAddress(database.url)})`}` +
       (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
+    `  commits: ${commits === 'synchronous-standby' ? 'acknowledged once a synchronous standby has them' : 'acknowledged by the primary alone (no synchronous standby)'}`,
     `  Swagger UI: ${url}/docs (OpenAPI at ${url}/docs-json)`,
     config.amqpUrls
       ? `  order events: published to AMQP_URL (${config.amqpUrls.map(printableUrl).join(',')}), exchange ${ORDER_EVENTS_EXCHANGE}`
@@ -79,6 +82,12 @@ async function bootstrap(): Promise<void> {
   ];
   if (config.usingDevApiKey) lines.push(`  dev API key for "Authorize": ${DEV_API_CLIENT.secret}  (client "${DEV_API_CLIENT.clientId}")`);
   console.log(lines.join('\n'));
+  if (config.production && commits === 'primary-only') {
+    console.warn(
+      'WARNING: the primary acknowledges commits alone: a failover can lose the last acknowledged writes (orders, payments). ' +
+        'Give it a synchronous standby (Patroni: synchronous_mode: true), or set DATABASE_REQUIRE_SYNCHRONOUS_STANDBY=true to refuse to start without one.',
+    );
+  }
   if (config.pspSandboxOptedIn) {
     console.warn(
       `WARNING: PSP_SANDBOX=in-process on DATABASE_URL: the test sandbox at ${url}/psp takes test tokens as payments from anyone who reaches this port. Demos only; set PSP_BASE_URL for a real provider.`,

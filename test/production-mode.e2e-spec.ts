@@ -13,6 +13,7 @@ import { join, resolve } from 'node:path';
 import { freePort } from '../src/common/free-port';
 import { type ServiceProcess, startServiceProcess } from './support/service-process';
 import { ALICE, createTestDatabase } from './support/test-app';
+import { until } from './support/until';
 
 const MAIN = resolve(process.cwd(), 'dist/src/main.js');
 /** Generated as the docs say (openssl rand -hex 16, whsec_ + openssl rand -base64 32): what production accepts. */
@@ -210,6 +211,12 @@ describe('where the service listens, and says it does', () => {
       });
       expect(boundAddresses(prod.port)).toEqual([ANY_V4]);
       expect(prod.service.output()).toContain('bound to 0.0.0.0: every interface');
+      // One PostgreSQL, no standby: production is told a failover would lose acknowledged writes (stderr: waited for).
+      expect(prod.service.output()).toContain('commits: acknowledged by the primary alone (no synchronous standby)');
+      await until('the production warning', 10_000, () =>
+        prod.service.output().includes('WARNING: the primary acknowledges commits alone'),
+      );
+      expect(dev.service.output()).not.toContain('WARNING: the primary acknowledges commits alone');
     },
     TEST_TIMEOUT_MS,
   );

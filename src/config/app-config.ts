@@ -56,6 +56,11 @@ export interface AppConfig {
    * connection looks pooled (then start-up asks for a choice); false behind a pooler that cannot keep them.
    */
   databasePreparedStatements?: boolean;
+  /**
+   * DATABASE_REQUIRE_SYNCHRONOUS_STANDBY: refuse to start when the primary acknowledges commits alone (no synchronous
+   * standby), as a failover could then lose acknowledged writes. Off: said at start-up, warned in production.
+   */
+  databaseRequireSynchronousStandby: boolean;
   submitTokenTtlSeconds: number;
   pspBaseUrl?: string;
   /**
@@ -544,6 +549,7 @@ function readConfig(env: Env): AppConfig {
     // A request that cannot get a connection this fast is told to come back (503) instead of queueing without end.
     databasePoolWaitMs: integer(env, 'DATABASE_POOL_WAIT_MS', 5_000, 1, 60_000),
     databasePreparedStatements: preparedStatements(env, databaseUrl),
+    databaseRequireSynchronousStandby: boolean(env, 'DATABASE_REQUIRE_SYNCHRONOUS_STANDBY', false),
     // 10 min: a form is filled in and submitted well within it; an abandoned token soon stops counting.
     submitTokenTtlSeconds: integer(env, 'SUBMIT_TOKEN_TTL_SECONDS', 600, 1, 86_400),
     pspBaseUrl,

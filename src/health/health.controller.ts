@@ -1,6 +1,7 @@
 import { Controller, Get, ServiceUnavailableException } from '@nestjs/common';
 import { ApiOkResponse, ApiOperation, ApiTags, type SchemaObject } from '@nestjs/swagger';
 import { HealthCheck, type HealthCheckResult, HealthCheckService, TypeOrmHealthIndicator } from '@nestjs/terminus';
+import { type CommitDurability, CommitDurabilityCheck } from '../database/database.module.js';
 import { OrderEventsRelay, type RelayState } from '../events/order-events-relay.js';
 import { ApiProblems, ProblemException, Public, UNSUPPORTED_MEDIA_TYPE } from '#service-kit';
 
@@ -36,6 +37,7 @@ export class HealthController {
     private readonly health: HealthCheckService,
     private readonly db: TypeOrmHealthIndicator,
     private readonly relay: OrderEventsRelay,
+    private readonly commits: CommitDurabilityCheck,
   ) {}
 
   @Get()
@@ -52,7 +54,8 @@ export class HealthController {
     description:
       'The service and its database answer. `orderEventsRelay` says whether order events are being published to RabbitMQ: ' +
       '`off` (AMQP_URL unset: they wait in the outbox), `connected`, or `disconnected` (they wait until the broker is back). ' +
-      'It never makes the answer a 503: the API works without the broker.',
+      'It never makes the answer a 503: the API works without the broker. `databaseCommits` says whether a commit is ' +
+      'acknowledged once a synchronous standby has it (`synchronous-standby`) or the primary alone (`primary-only`).',
     schema: {
       example: {
         status: 'ok',
@@ -60,6 +63,7 @@ export class HealthController {
         error: {},
         details: { database: { status: 'up' } },
         orderEventsRelay: 'connected',
+        databaseCommits: 'synchronous-standby',
       },
     },
   })
@@ -85,12 +89,14 @@ export class HealthController {
       orderEventsRelay: ORDER_EVENTS_RELAY,
     },
   })
-  async check(): Promise<HealthCheckResult & { orderEventsRelay: RelayState }> {
+  async check(): Promise<HealthCheckResult & { orderEventsRelay: RelayState; databaseCommits: CommitDurability }> {
     // Said, never a check: with the broker away the API still works (the outbox holds the events), so the relay's
     // state must not take the instance out of a load balancer.
     const orderEventsRelay = this.relay.state;
     try {
-      return { ...(await this.health.check([() => this.db.pingCheck('database', { timeout: PING_TIMEOUT_MS })])), orderEventsRelay };
+      const result = await this.health.check([() => this.db.pingCheck('database', { timeout: PING_TIMEOUT_MS })]);
+      // Said too, not a check: a primary that lost its synchronous standby still serves (Patroni's non-strict mode).
+      return { ...result, orderEventsRelay, databaseCommits: await this.commits.current() };
     } catch (err) {
       // Terminus throws its result in a 503; the one filter writes problem+json, so it would lose which check is down.
       if (!(err instanceof ServiceUnavailableException)) throw err;

@@ -1561,7 +1561,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The service and its database answer. `orderEventsRelay` says whether order events are being published to RabbitMQ: `off` (AMQP_URL unset: they wait in the outbox), `connected`, or `disconnected` (they wait until the broker is back). It never makes the answer a 503: the API works without the broker. */
+            /** @description The service and its database answer. `orderEventsRelay` says whether order events are being published to RabbitMQ: `off` (AMQP_URL unset: they wait in the outbox), `connected`, or `disconnected` (they wait until the broker is back). It never makes the answer a 503: the API works without the broker. `databaseCommits` says whether a commit is acknowledged once a synchronous standby has it (`synchronous-standby`) or the primary alone (`primary-only`). */
             200: {
                 headers: {
                     [name: string]: unknown;
