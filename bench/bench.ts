@@ -452,6 +452,8 @@ async function main(): Promise<void> {
       ? { DATABASE_URL: pooler.pooledUrl(server.url), DATABASE_PREPARED_STATEMENTS: 'false', DATABASE_MIGRATION_URL: server.url }
       : { DATABASE_URL: dbUrl };
     const webhookSecret = `whsec_${Buffer.from(SECRET).toString('base64')}`;
+    // The provider key both sides hold (required with DATABASE_URL): the sandbox takes it, the service sends it.
+    const providerKey = `sk_test_${SECRET}`;
     const servicePort = await freePort();
     let provider: Record<string, string> = { PSP_SANDBOX: 'in-process' };
     const sandboxApart = process.env.BENCH_PSP !== 'in-process';
@@ -472,6 +474,7 @@ async function main(): Promise<void> {
           // The service's port is chosen above: the relay's first webhook comes after the service is up.
           PSP_WEBHOOK_URL: `http://127.0.0.1:${servicePort}/webhooks/psp`,
           PSP_WEBHOOK_SECRET: webhookSecret,
+          PSP_API_KEY: providerKey,
           LOG_LEVEL: 'warn',
         },
         stdio: ['ignore', 'pipe', 'inherit'],
@@ -487,6 +490,7 @@ async function main(): Promise<void> {
         ...through,
         API_KEYS: `bench:${SECRET}`,
         PSP_WEBHOOK_SECRET: webhookSecret,
+        PSP_API_KEY: providerKey,
         ...provider,
         // LOG_LEVEL left at its default (info), as `npm start` runs: what a user's service pays for its logging.
         ...Object.fromEntries(

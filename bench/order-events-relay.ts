@@ -244,6 +244,7 @@ async function main(): Promise<void> {
       DATABASE_URL: dbUrl,
       API_KEYS: `bench:${SECRET}`,
       PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+      PSP_API_KEY: `sk_test_${SECRET}`,
       PSP_SANDBOX: 'in-process',
       AMQP_URL: broker.url,
     });

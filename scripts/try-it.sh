@@ -3,14 +3,15 @@
 #
 #   scripts/try-it.sh
 #
-# BASE_URL (http://localhost:3000), API_KEY (the dev key) and WEBHOOK_SECRET (the embedded run's dev secret)
-# point it elsewhere. Each request is printed with its status and the headers that matter; the status each
+# BASE_URL (http://localhost:3000), API_KEY (the dev key), PSP_API_KEY (the in-process sandbox's dev provider key)
+# and WEBHOOK_SECRET (the embedded run's dev secret) point it elsewhere. Each request is printed with its status and the headers that matter; the status each
 # comment promises is checked, and the first one that differs stops the script (exit 1). Needs bash, curl, node.
 set -euo pipefail
 cd "$(dirname "$0")/.."   # node finds the project's packages (standardwebhooks) from here
 
 BASE_URL=${BASE_URL:-http://localhost:3000}
 API_KEY=${API_KEY:-dev-secret-change-me}
+PSP_API_KEY=${PSP_API_KEY:-sk_test_dev-only-psp-key-change-me}
 WEBHOOK_SECRET=${WEBHOOK_SECRET:-whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=}
 AUTH="Authorization: Bearer $API_KEY"
 JSON='Content-Type: application/json'
@@ -20,12 +21,14 @@ trap 'rm -rf "$TMP"' EXIT
 
 # call STATUS METHOD PATH [curl options…]: sends it, prints the status, the headers that matter and the body;
 # stops unless the status is STATUS. The answer stays in $TMP/body and $TMP/headers for the helpers below.
+# A client's API key, except under /psp: the sandbox provider takes its own secret key, as a provider does.
 call() {
   local want=$1 method=$2 path=$3
   shift 3
   echo "→ $method $path"
-  local got
-  got=$(curl -sS -o "$TMP/body" -D "$TMP/headers" -w '%{http_code}' -X "$method" "$BASE_URL$path" -H "$AUTH" "$@")
+  local got auth=$AUTH
+  case $path in /psp/*) auth="Authorization: Bearer $PSP_API_KEY" ;; esac
+  got=$(curl -sS -o "$TMP/body" -D "$TMP/headers" -w '%{http_code}' -X "$method" "$BASE_URL$path" -H "$auth" "$@")
   echo "← $got"
   grep -iE '^(location|etag|idempotent-replayed|retry-after):' "$TMP/headers" | tr -d '\r' | sed 's/^/  /' || true
   echo "  $(head -c 400 "$TMP/body")"
@@ -73,7 +76,7 @@ PAYMENT=$(cat "$TMP/body")
 call 201 POST "/orders/$ID/payments" -H "Idempotency-Key: pay-$RUN" -H "$JSON" -d '{"source":"tok_visa"}'
 check "$(header idempotent-replayed)" true "Idempotent-Replayed"
 
-say "the provider's ledger (the in-process sandbox under /psp): one charge for that payment"
+say "the provider's ledger (the in-process sandbox under /psp, with its provider key): one charge for that payment"
 call 200 GET "/psp/charges?paymentId=$PAYMENT_ID"
 check "$(field items.length)" 1 "charges of the payment"
 

@@ -107,6 +107,8 @@ export class AppModule {
           : [
               PspSandboxModule.forRoot({
                 databaseUrl,
+                // The key the client below sends: one value, held in this process's memory by both sides.
+                apiKey: config.pspApiKey,
                 timeoutMs: config.pspTimeoutMs,
                 webhooks: { delivery: config.pspWebhookDelivery, duplicates: config.pspWebhookDuplicates, secret: config.pspWebhookSecret },
               }),
@@ -116,6 +118,7 @@ export class AppModule {
           useFactory: (host: HttpAdapterHost) => ({
             // The in-process sandbox is called over real HTTP on this app's own port (known once it listens).
             baseUrl: () => config.pspBaseUrl ?? `${selfUrl((host.httpAdapter.getHttpServer() as Server).address() as AddressInfo)}/psp`,
+            apiKey: config.pspApiKey,
             timeoutMs: config.pspTimeoutMs,
             maxAttempts: config.pspMaxAttempts,
             breakerThreshold: config.pspBreakerThreshold,

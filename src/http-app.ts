@@ -24,7 +24,7 @@ import { AppModule, type AppOptions } from './app.module.js';
 import { QuietStartupLogger } from './common/quiet-startup-logger.js';
 import { authenticateBeforeBody } from './common/authenticate-before-body.js';
 import { httpDurationHistogram } from './metrics/metrics.module.js';
-import { PSP_SANDBOX_TAG } from '#psp-sandbox';
+import { PROVIDER_KEY_SCHEME, PROVIDER_KEY_SECURITY_SCHEME, PSP_SANDBOX_TAG } from '#psp-sandbox';
 
 /** The name of the API-key security scheme (@ApiBearerAuth() refers to it by this default name). */
 const BEARER_AUTH = 'bearer';
@@ -106,6 +106,8 @@ export function buildOpenApiDocument(app: INestApplication) {
       },
       BEARER_AUTH,
     )
+    // The sandbox provider's own key, which its operations name instead of a client's.
+    .addBearerAuth(PROVIDER_KEY_SECURITY_SCHEME, PROVIDER_KEY_SCHEME)
     // Every operation needs the key unless it says otherwise (security: [] on the public ones).
     .addSecurityRequirements(BEARER_AUTH)
     .build();

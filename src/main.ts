@@ -3,6 +3,7 @@ import type { NestFastifyApplication } from '@nestjs/platform-fastify';
 import { createServer } from 'node:net';
 import { DataSource } from 'typeorm';
 import { DEV_API_CLIENT, loadConfig, printableUrl } from './config/app-config.js';
+import { PROVIDER_KEY_SCHEME } from '#psp-sandbox';
 import { ORDER_EVENTS_EXCHANGE } from './events/order-events-outbox.js';
 import { loadEnvFile } from './config/load-env-file.js';
 import { createHttpApp } from './http-app.js';
@@ -81,6 +82,9 @@ async function bootstrap(): Promise<void> {
       : '  order events: relay off (AMQP_URL unset): events wait in the order_events_outbox table',
   ];
   if (config.usingDevApiKey) lines.push(`  dev API key for "Authorize": ${DEV_API_CLIENT.secret}  (client "${DEV_API_CLIENT.clientId}")`);
+  // The published dev key only (a key of one's own is a secret): what a Swagger UI user needs to try /psp.
+  if (config.pspSandbox === 'in-process' && config.usingDevPspApiKey)
+    lines.push(`  dev provider key for /psp (Swagger UI "Authorize", ${PROVIDER_KEY_SCHEME}): ${config.pspApiKey}`);
   console.log(lines.join('\n'));
   if (config.production && commits === 'primary-only') {
     console.warn(

@@ -6,7 +6,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
-import { ALICE, bearer, startTestApp, type TestApp } from './support/test-app';
+import { ALICE, bearer, PSP_AUTH, startTestApp, type TestApp } from './support/test-app';
 
 describe('keyed cancels of orders with a stale pending payment, more of them than the pool has connections', () => {
   let t: TestApp;
@@ -57,7 +57,7 @@ describe('keyed cancels of orders with a stale pending payment, more of them tha
     );
     expect(rows).toEqual(Array(6).fill({ status: 'cancelled', payment: 'succeeded', paid_events: 1 }));
     for (const id of orders) {
-      const charges = await request(t.url).get('/psp/charges').query({ orderId: id });
+      const charges = await request(t.url).get('/psp/charges').set('Authorization', PSP_AUTH).query({ orderId: id });
       expect(charges.status).toBe(200);
       expect(charges.body.items).toHaveLength(1);
     }

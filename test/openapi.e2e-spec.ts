@@ -107,6 +107,26 @@ describe('the OpenAPI document the app serves', () => {
     CLI_TIMEOUT_MS,
   );
 
+  it("asks for the sandbox provider's own key on every /psp operation, documenting its 401; every other operation is as before", async () => {
+    const document = JSON.parse(await readFile(documentPath, 'utf8')) as {
+      paths: Record<string, Record<string, { security?: unknown; responses: Record<string, unknown> }>>;
+      components: { securitySchemes: Record<string, { type: string; scheme: string }> };
+    };
+    expect(document.components.securitySchemes.providerKey).toMatchObject({ type: 'http', scheme: 'bearer' });
+    const sandbox = Object.entries(document.paths).flatMap(([path, operations]) =>
+      path.startsWith('/psp/') ? Object.entries(operations).map(([method, op]) => ({ path, method, op })) : [],
+    );
+    expect(sandbox).toHaveLength(4);
+    for (const { path, method, op } of sandbox) {
+      expect({ path, method, security: op.security, has401: '401' in op.responses }).toEqual({
+        path,
+        method,
+        security: [{ providerKey: [] }],
+        has401: true,
+      });
+    }
+  });
+
   it('has no text Swagger UI would swallow as an HTML tag: descriptions are Markdown, so "<version>" outside a code span vanishes', async () => {
     const document: unknown = JSON.parse(await readFile(documentPath, 'utf8'));
     const swallowed: string[] = [];

@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'pg';
 import request from 'supertest';
 import { startServiceProcess, type ServiceProcess } from './support/service-process';
-import { ALICE, BOB, bearer, createTestDatabase } from './support/test-app';
+import { ALICE, BOB, bearer, createTestDatabase, PSP_AUTH } from './support/test-app';
 
 /** Service starts and restarts on a loaded 2-core machine take their time. */
 const PROCESS_TEST_TIMEOUT_MS = 180_000;
@@ -70,7 +70,7 @@ describe('payments across processes: SIGKILL mid-flight, two instances on one da
   }
 
   async function ledger(url: string, orderId: string): Promise<{ status: string }[]> {
-    const res = await request(url).get('/psp/charges').query({ orderId });
+    const res = await request(url).get('/psp/charges').set('Authorization', PSP_AUTH).query({ orderId });
     expect(res.status).toBe(200);
     return res.body.items;
   }

@@ -3,7 +3,7 @@ import request from 'supertest';
 import { AtomicPhases } from '@idempotent-orders/idempotency';
 import { PaymentReconciler } from '../src/payments/payment-reconciler';
 import { PaymentSettlement } from '../src/payments/payment-settlement';
-import { ALICE, BOB, bearer, startTestApp, type TestApp } from './support/test-app';
+import { ALICE, BOB, bearer, PSP_AUTH, startTestApp, type TestApp } from './support/test-app';
 
 const PROBLEM_JSON = /^application\/problem\+json/;
 
@@ -52,7 +52,7 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
 
   /** The provider's ledger for an order. */
   async function charges(orderId: string): Promise<{ id: string; status: string }[]> {
-    const res = await request(t.url).get(`/psp/charges`).query({ orderId });
+    const res = await request(t.url).get(`/psp/charges`).set('Authorization', PSP_AUTH).query({ orderId });
     expect(res.status).toBe(200);
     return res.body.items;
   }
@@ -481,6 +481,7 @@ describe('payments: exactly one charge across retries, races, timeouts and lost 
       expect(again.headers['idempotent-replayed']).toBe('true');
       const ledger = await request(t.url)
         .get('/psp/refunds')
+        .set('Authorization', PSP_AUTH)
         .query({ chargeId: (await charges(orderId))[0].id });
       expect(ledger.body.items).toHaveLength(1);
       expect(await orderState(orderId)).toMatchObject({ status: 'refunded', refunded_events: 1 });
@@ -575,7 +576,7 @@ describe('payments: the reconciler on its schedule, and the circuit breaker', ()
       IDEMPOTENCY_LEASE_SECONDS: '5',
       RECONCILE_INTERVAL_MS: '200',
       PSP_WEBHOOK_URL: 'none',
-      // One unknown outcome opens the charge breaker, for a minute: long enough to see it refuse.
+      // One unknown outcome opens a charge breaker, for a minute: long enough to see it refuse.
       PSP_BREAKER_THRESHOLD: '1',
       PSP_BREAKER_HALF_OPEN_MS: '60000',
     });
@@ -584,19 +585,19 @@ describe('payments: the reconciler on its schedule, and the circuit breaker', ()
     await t?.close();
   });
 
-  async function createOrder(): Promise<string> {
+  async function createOrder(client = ALICE): Promise<string> {
     const res = await request(t.url)
       .post('/orders')
-      .set('Authorization', bearer(ALICE))
+      .set('Authorization', bearer(client))
       .set('Idempotency-Key', randomUUID())
       .send({ currency: 'EUR', items: [{ sku: 'SKU-1', quantity: 1, unitPriceMinor: 800 }] });
     expect(res.status).toBe(201);
     return res.body.id as string;
   }
-  const pay = (orderId: string, source: string, key: string = randomUUID()) =>
-    request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(ALICE)).set('Idempotency-Key', key).send({ source });
+  const pay = (orderId: string, source: string, key: string = randomUUID(), client = ALICE) =>
+    request(t.url).post(`/orders/${orderId}/payments`).set('Authorization', bearer(client)).set('Idempotency-Key', key).send({ source });
 
-  it('a lost answer is settled by the scheduled reconciler alone; then the open breaker refuses new payments before writing anything', async () => {
+  it("a lost answer is settled by the scheduled reconciler alone; then the client's open breaker refuses its next fault token before writing anything", async () => {
     const orderId = await createOrder();
     const key = randomUUID();
     const lost = await pay(orderId, 'tok_lost', key);
@@ -615,9 +616,9 @@ describe('payments: the reconciler on its schedule, and the circuit breaker', ()
     expect(replayed.status).toBe(201);
     expect(replayed.body.id).toBe(lost.body.paymentId);
 
-    // The lost call counted as one failed call: with a threshold of 1 the breaker is open now.
+    // The lost call counted as one failed call against Alice's own test-token breaker: with a threshold of 1 it is open now.
     const other = await createOrder();
-    const refused = await pay(other, 'tok_visa');
+    const refused = await pay(other, 'tok_unavailable');
     expect(refused.status).toBe(503);
     expect(refused.body.type).toBe('urn:idempotent-orders:problem:provider-unavailable');
     expect(Number(refused.headers['retry-after'])).toBeGreaterThanOrEqual(1);
@@ -625,5 +626,9 @@ describe('payments: the reconciler on its schedule, and the circuit breaker', ()
     expect(written[0].n).toBe(0);
     const { rows: keys } = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`);
     expect(keys[0].n).toBe(0);
+
+    // tok_lost was Alice's choice, not the provider's state: the shared breaker is closed, and Bob's card is charged.
+    const bobs = await pay(await createOrder(BOB), 'tok_visa', randomUUID(), BOB);
+    expect({ status: bobs.status, paymentStatus: bobs.body.status }).toEqual({ status: 201, paymentStatus: 'succeeded' });
   });
 });

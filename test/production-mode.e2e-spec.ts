@@ -21,6 +21,9 @@ const STRONG_KEYS = 'shop:3f9c2a7be41d8056c3e9f1a27b6d4e08';
 const STRONG_WEBHOOK_SECRET = 'whsec_q3Xw8v0Zr7Kb2mYf5Tn1Lc9Hp4Ds6Ge0Ja8Ui2Oo3Ws=';
 const DEV_KEY = 'dev-secret-change-me';
 const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=';
+const DEV_PSP_KEY = 'sk_test_dev-only-psp-key-change-me';
+/** A provider's secret key as the provider issues one. */
+const STRONG_PSP_KEY = 'sk_live_8d2f6a1c9e4b7035f1a8c6e2d9b4f7a3';
 /** A provider nobody answers at: start-up does not call it. */
 const PROVIDER = 'http://127.0.0.1:9/psp';
 const TEST_TIMEOUT_MS = 120_000;
@@ -91,27 +94,31 @@ describe('NODE_ENV=production refuses every published development default, namin
     startOrRefusal({ NODE_ENV: 'production', EMBEDDED_PG_PORT: embeddedPgPort, ...env }, dir);
 
   it(
-    'a real provider without API_KEYS or PSP_WEBHOOK_SECRET: the dev key and the dev webhook secret are refused',
+    'a real provider without API_KEYS, PSP_WEBHOOK_SECRET or PSP_API_KEY: the dev key, webhook secret and provider key are refused',
     async () => {
       const { code, output } = await production({ PSP_BASE_URL: PROVIDER });
       expect(code).toBe(1);
       expect(output).toContain('API_KEYS is required when NODE_ENV=production');
       expect(output).toContain('PSP_WEBHOOK_SECRET is required when NODE_ENV=production');
+      expect(output).toContain('PSP_API_KEY is required when NODE_ENV=production');
     },
     TEST_TIMEOUT_MS,
   );
 
   it(
-    'the published dev key and dev webhook secret, given by name, are refused',
+    'the published dev key, dev webhook secret and dev provider key, given by name, are refused',
     async () => {
       const { code, output } = await production({
         PSP_BASE_URL: PROVIDER,
         API_KEYS: `demo:${DEV_KEY}`,
         PSP_WEBHOOK_SECRET: DEV_WEBHOOK_SECRET,
+        PSP_API_KEY: DEV_PSP_KEY,
       });
       expect(code).toBe(1);
       expect(output).toContain('API_KEYS must not use the published dev secret');
       expect(output).toContain('PSP_WEBHOOK_SECRET is required when NODE_ENV=production, and must not be the published dev secret');
+      expect(output).toContain('PSP_API_KEY is required when NODE_ENV=production, and must not be the published dev key');
+      expect(output).not.toContain(DEV_PSP_KEY);
     },
     TEST_TIMEOUT_MS,
   );
@@ -154,17 +161,27 @@ describe('NODE_ENV=production refuses every published development default, namin
       });
       expect(zeros.code).toBe(1);
       expect(zeros.output).toContain('PSP_WEBHOOK_SECRET must be random bytes when NODE_ENV=production');
+      const typedProviderKey = await production({
+        PSP_BASE_URL: PROVIDER,
+        API_KEYS: STRONG_KEYS,
+        PSP_WEBHOOK_SECRET: STRONG_WEBHOOK_SECRET,
+        PSP_API_KEY: 'x'.repeat(32),
+      });
+      expect(typedProviderKey.code).toBe(1);
+      expect(typedProviderKey.output).toContain('PSP_API_KEY must be generated when NODE_ENV=production');
+      expect(typedProviderKey.output).not.toContain('x'.repeat(32));
     },
     TEST_TIMEOUT_MS,
   );
 
   it(
-    'without NODE_ENV, a real provider refuses the dev key and the dev webhook secret too',
+    'without NODE_ENV, a real provider refuses the dev key, the dev webhook secret and the dev provider key too',
     async () => {
       const { code, output } = await startOrRefusal({ PSP_BASE_URL: PROVIDER, EMBEDDED_PG_PORT: embeddedPgPort }, dir);
       expect(code).toBe(1);
       expect(output).toContain('API_KEYS is required when PSP_BASE_URL names a real provider');
       expect(output).toContain('PSP_WEBHOOK_SECRET is required when PSP_BASE_URL names a real provider');
+      expect(output).toContain('PSP_API_KEY is required when PSP_BASE_URL names a real provider');
     },
     TEST_TIMEOUT_MS,
   );
@@ -206,6 +223,7 @@ describe('where the service listens, and says it does', () => {
         NODE_ENV: 'production',
         API_KEYS: STRONG_KEYS,
         PSP_WEBHOOK_SECRET: STRONG_WEBHOOK_SECRET,
+        PSP_API_KEY: STRONG_PSP_KEY,
         PSP_BASE_URL: PROVIDER,
         IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${Buffer.from(Array.from({ length: 32 }, (_, i) => i * 5)).toString('base64')}`,
       });

@@ -177,6 +177,11 @@ let stub: StubProvider;
 const lastBody = (_req: IncomingMessage) => stub.requests[stub.requests.length - 1].body;
 
 const outboundKey = () => `pay_${randomUUID()}`;
+/** The API client a write is made for, and a payment of it made with a card that simulates nothing. */
+const CLIENT = 'alice';
+const CARD = { clientId: CLIENT, source: 'tok_visa' };
+/** The provider's secret key the client sends. */
+const PROVIDER_KEY = 'sk_test_stub-provider-key-0123456789';
 /** Deadlines are on the monotonic clock (performance.now()), as the client measures them. */
 const farDeadline = () => monotonicNow() + 60_000;
 
@@ -200,6 +205,7 @@ function client(overrides: Partial<PspClientOptions> = {}): PspClient {
   return new PspClient(
     {
       baseUrl: () => stub.baseUrl,
+      apiKey: PROVIDER_KEY,
       timeoutMs: 2_000,
       maxAttempts: 4,
       // High unless a test is about the breaker, so other tests' unknown outcomes never open it.
@@ -246,7 +252,7 @@ describe('PspClient writes', () => {
     const key = outboundKey();
     const body = chargeRequest();
 
-    const result = await client().createCharge(body, key, farDeadline());
+    const result = await client().createCharge(body, key, farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(result.kind === 'succeeded' && result.value.metadata).toEqual(body.metadata);
@@ -266,16 +272,27 @@ describe('PspClient writes', () => {
     );
     const key = outboundKey();
 
-    const result = await client().createRefund(refund, key, farDeadline());
+    const result = await client().createRefund(refund, key, farDeadline(), CARD);
 
     expect(result).toMatchObject({ kind: 'succeeded', value: { id: 're_1', chargeId: 'ch_1', amountMinor: 500 } });
     expect(stub.requests.map((r) => [r.method, r.url, r.headers['idempotency-key']])).toEqual([['POST', '/psp/refunds', key]]);
   });
 
+  it("sends the provider's secret key as Authorization: Bearer with every attempt, of a write and of a lookup", async () => {
+    stub.script((req, res, n) => (n === 1 ? reply(res, 503, problem(503, 'down')) : succeed(req, res, n)));
+    const psp = client();
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('succeeded');
+    const sent = stub.requests.map((r) => r.headers.authorization);
+    stub.script((_req, res) => reply(res, 200, { items: [] }));
+    await expect(psp.findChargesByPayment(randomUUID(), anyCharge)).resolves.toEqual([]);
+    sent.push(...stub.requests.map((r) => r.headers.authorization));
+    expect(sent).toEqual([`Bearer ${PROVIDER_KEY}`, `Bearer ${PROVIDER_KEY}`, `Bearer ${PROVIDER_KEY}`]);
+  });
+
   it('maps a 402 with the recorded failed charge to declined, without retrying', async () => {
     stub.script((req, res) => reply(res, 402, chargeRecord(lastBody(req), 'failed')));
 
-    const result = await client().createCharge(chargeRequest('tok_chargeDeclined'), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest('tok_chargeDeclined'), outboundKey(), farDeadline(), CLIENT);
 
     expect(result).toMatchObject({ kind: 'declined', value: { status: 'failed', failureCode: 'card_declined' } });
     expect(stub.requests).toHaveLength(1);
@@ -284,7 +301,7 @@ describe('PspClient writes', () => {
   it.each([400, 404, 422])('maps %i to refused with the problem detail, without retrying', async (status) => {
     stub.script((_req, res) => reply(res, status, problem(status, `refused with ${status}`)));
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'refused', status, detail: `refused with ${status}` });
     expect(stub.requests).toHaveLength(1);
@@ -294,7 +311,7 @@ describe('PspClient writes', () => {
     stub.script((_req, res, n) => reply(res, n % 2 ? 502 : 503, problem(503, 'down')));
     const key = outboundKey();
 
-    const result = await client({ maxAttempts: 4 }).createCharge(chargeRequest(), key, farDeadline());
+    const result = await client({ maxAttempts: 4 }).createCharge(chargeRequest(), key, farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 503 after 4 attempts' });
     expect(stub.keys()).toEqual([key, key, key, key]);
@@ -305,7 +322,7 @@ describe('PspClient writes', () => {
       n === 1 ? reply(res, 409, problem(409, 'in flight')) : n === 2 ? reply(res, 429, problem(429, 'slow down')) : succeed(req, res, n),
     );
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(stub.requests).toHaveLength(3);
@@ -314,7 +331,7 @@ describe('PspClient writes', () => {
   it('does not retry another status, and does not call it succeeded or refused', async () => {
     stub.script((_req, res) => reply(res, 401, problem(401, 'bad key')));
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 401 after 1 attempt' });
     expect(stub.requests).toHaveLength(1);
@@ -323,7 +340,7 @@ describe('PspClient writes', () => {
   it('does not follow a redirect with a payment request', async () => {
     stub.script((_req, res) => reply(res, 307, {}, { location: '/elsewhere' }));
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result.kind).toBe('unknown');
     expect(stub.requests.map((r) => r.url)).toEqual(['/psp/charges']);
@@ -332,7 +349,7 @@ describe('PspClient writes', () => {
   it('calls a 201 whose body is not a charge unknown, never succeeded', async () => {
     stub.script((_req, res) => reply(res, 201, { id: 'ch_1' }));
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 201 after 1 attempt' });
   });
@@ -346,7 +363,7 @@ describe('PspClient writes', () => {
     stub.script((req, res) => reply(res, 201, alter(chargeRecord(lastBody(req)))));
     const key = outboundKey();
 
-    const result = await client().createCharge(chargeRequest(), key, farDeadline());
+    const result = await client().createCharge(chargeRequest(), key, farDeadline(), CLIENT);
 
     expect(result.kind).toBe('unknown');
     expect(result.kind === 'unknown' && result.reason.startsWith(`the answer does not match the request: ${disagreement}`)).toBe(true);
@@ -361,7 +378,7 @@ describe('PspClient writes', () => {
   it('calls a 402 for another amount than asked for unknown too, not declined', async () => {
     stub.script((req, res) => reply(res, 402, { ...chargeRecord(lastBody(req), 'failed'), amountMinor: 99 }));
 
-    const result = await client().createCharge(chargeRequest('tok_chargeDeclined'), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest('tok_chargeDeclined'), outboundKey(), farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'the answer does not match the request: amountMinor 99 ≠ ours 1250' });
     expect(stub.requests).toHaveLength(1);
@@ -378,7 +395,7 @@ describe('PspClient writes', () => {
       stub.script((req, res) => reply(res, 201, alter(refundRecord(lastBody(req)))));
       const key = outboundKey();
 
-      const result = await client().createRefund(refundRequest(), key, farDeadline());
+      const result = await client().createRefund(refundRequest(), key, farDeadline(), CARD);
 
       expect(result.kind).toBe('unknown');
       expect(result.kind === 'unknown' && result.reason.startsWith(`the answer does not match the request: ${disagreement}`)).toBe(true);
@@ -394,7 +411,7 @@ describe('PspClient writes', () => {
   it('reads a 201 of exactly MAX_RESPONSE_BYTES', async () => {
     stub.script((req, res) => replyRaw(res, 201, paddedChargeRecord(lastBody(req), MAX_RESPONSE_BYTES)));
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(stub.requests).toHaveLength(1);
@@ -404,7 +421,7 @@ describe('PspClient writes', () => {
     stub.script((req, res) => replyRaw(res, 201, paddedChargeRecord(lastBody(req), MAX_RESPONSE_BYTES + 1)));
     const key = outboundKey();
 
-    const result = await client({ maxAttempts: 3 }).createCharge(chargeRequest(), key, farDeadline());
+    const result = await client({ maxAttempts: 3 }).createCharge(chargeRequest(), key, farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: `network: the answer's body is over ${MAX_RESPONSE_BYTES} bytes after 3 attempts` });
     expect(stub.keys()).toEqual([key, key, key]);
@@ -420,7 +437,7 @@ describe('PspClient writes', () => {
     });
     const key = outboundKey();
 
-    const result = await client().createCharge(chargeRequest(), key, farDeadline());
+    const result = await client().createCharge(chargeRequest(), key, farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(stub.keys()).toEqual([key, key]);
@@ -431,7 +448,7 @@ describe('PspClient writes', () => {
     stub.script((req, res, n) => (n === 1 ? req.socket.destroy() : succeed(req, res, n)));
     const key = outboundKey();
 
-    const result = await client().createCharge(chargeRequest(), key, farDeadline());
+    const result = await client().createCharge(chargeRequest(), key, farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(stub.keys()).toEqual([key, key]);
@@ -443,7 +460,7 @@ describe('PspClient writes', () => {
     // Spare attempts, so a slow machine timing out the second one as well still ends in the 201.
     const psp = client({ timeoutMs: 150, maxAttempts: 6 });
 
-    const result = await psp.createCharge(chargeRequest(), key, farDeadline());
+    const result = await psp.createCharge(chargeRequest(), key, farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(stub.requests[0].abandoned).toBe(true);
@@ -453,7 +470,7 @@ describe('PspClient writes', () => {
 
   it('calls a 422 after an attempt that timed out unknown, not refused: the abandoned attempt may still land', async () => {
     stub.script((req, res, n) => (n === 1 ? hang(req, res, n) : reply(res, 422, problem(422, 'key in use elsewhere'))));
-    const result = await client({ timeoutMs: 150, maxAttempts: 3 }).createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client({ timeoutMs: 150, maxAttempts: 3 }).createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'HTTP 422 after 2 attempts' });
     expect(stub.requests[0].abandoned).toBe(true);
@@ -467,7 +484,7 @@ describe('PspClient writes', () => {
     });
     const key = outboundKey();
 
-    const result = await client({ timeoutMs: 150, maxAttempts: 6 }).createCharge(chargeRequest(), key, farDeadline());
+    const result = await client({ timeoutMs: 150, maxAttempts: 6 }).createCharge(chargeRequest(), key, farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(stub.requests[0].abandoned).toBe(true);
@@ -479,7 +496,7 @@ describe('PspClient writes', () => {
     stub.script(hang);
     const psp = client({ timeoutMs: 150, maxAttempts: 3 });
 
-    const result = await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'timeout: no complete answer within 150 ms after 3 attempts' });
     expect(await metricValue('psp_attempts_total', { operation: 'charge', result: 'timeout' })).toBe(3);
@@ -489,7 +506,7 @@ describe('PspClient writes', () => {
   it('waits out a Retry-After before the next attempt', async () => {
     stub.script((req, res, n) => (n === 1 ? reply(res, 429, problem(429, 'slow down'), { 'retry-after': '1' }) : succeed(req, res, n)));
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await client().createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(result.kind).toBe('succeeded');
     expect(stub.requests).toHaveLength(2);
@@ -504,7 +521,7 @@ describe('PspClient writes', () => {
     stub.script((_req, res) => reply(res, 503, problem(503, 'down'), { 'retry-after': retryAfter() }));
     const deadline = monotonicNow() + 5_000;
 
-    const result = await client().createCharge(chargeRequest(), outboundKey(), deadline);
+    const result = await client().createCharge(chargeRequest(), outboundKey(), deadline, CLIENT);
 
     expect(monotonicNow()).toBeLessThan(deadline);
     expect(result.kind).toBe('unknown');
@@ -517,7 +534,7 @@ describe('PspClient writes', () => {
   it('sends nothing when the deadline is closer than one attempt could take', async () => {
     stub.script(succeed);
 
-    const result = await client({ timeoutMs: 2_000 }).createCharge(chargeRequest(), outboundKey(), monotonicNow() + 500);
+    const result = await client({ timeoutMs: 2_000 }).createCharge(chargeRequest(), outboundKey(), monotonicNow() + 500, CLIENT);
 
     expect(result).toEqual({ kind: 'unknown', reason: 'the deadline leaves no time for an attempt' });
     expect(stub.requests).toHaveLength(0);
@@ -528,7 +545,7 @@ describe('PspClient writes', () => {
     const psp = client({ timeoutMs: 150, maxAttempts: 10 });
 
     // Each attempt takes at least 150 ms here, so at most 2 can start and end within 400 ms.
-    const result = await psp.createCharge(chargeRequest(), outboundKey(), monotonicNow() + 400);
+    const result = await psp.createCharge(chargeRequest(), outboundKey(), monotonicNow() + 400, CLIENT);
 
     expect(result.kind).toBe('unknown');
     expect(result.kind === 'unknown' && result.reason).toMatch(
@@ -542,8 +559,8 @@ describe('PspClient writes', () => {
   it('refuses an outbound key that cannot be a header before sending anything', async () => {
     stub.script(succeed);
 
-    await expect(client().createCharge(chargeRequest(), 'two words', farDeadline())).rejects.toThrow(TypeError);
-    await expect(client().createCharge(chargeRequest(), '', farDeadline())).rejects.toThrow(TypeError);
+    await expect(client().createCharge(chargeRequest(), 'two words', farDeadline(), CLIENT)).rejects.toThrow(TypeError);
+    await expect(client().createCharge(chargeRequest(), '', farDeadline(), CLIENT)).rejects.toThrow(TypeError);
     expect(stub.requests).toHaveLength(0);
   });
 });
@@ -553,13 +570,14 @@ describe('PspClient circuit breakers', () => {
     stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
     const psp = client({ maxAttempts: 2, breakerThreshold: 3 });
 
-    for (let i = 0; i < 3; i++) expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
+    for (let i = 0; i < 3; i++)
+      expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('unknown');
     expect(stub.requests).toHaveLength(6); // one breaker sample per call, not per attempt
 
-    const check = psp.chargeBreakerOpen();
+    const check = psp.chargeBreakerOpen(CARD);
     expect(check.open).toBe(true);
     expect(check.open && check.retryAfterSeconds).toBeGreaterThanOrEqual(55);
-    const result = await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const result = await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
     expect(result.kind).toBe('breaker-open');
     expect(result.kind === 'breaker-open' && result.retryAfterSeconds).toBeGreaterThanOrEqual(55);
     // Refunds share the charges breaker.
@@ -567,6 +585,7 @@ describe('PspClient circuit breakers', () => {
       { chargeId: 'ch_1', amountMinor: 1, metadata: { refundId: randomUUID(), paymentId: randomUUID() } },
       outboundKey(),
       farDeadline(),
+      CARD,
     );
     expect(refund.kind).toBe('breaker-open');
     expect(stub.requests).toHaveLength(6);
@@ -580,6 +599,43 @@ describe('PspClient circuit breakers', () => {
     expect(await metricValue('psp_breaker_state', { breaker: 'lookups' })).toBe(0);
   });
 
+  it("counts a call carrying one of the sandbox's fault tokens against its client's own breaker, never the shared one", async () => {
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
+    const psp = client({ maxAttempts: 1, breakerThreshold: 2 });
+    for (let i = 0; i < 2; i++)
+      expect((await psp.createCharge(chargeRequest('tok_unavailable'), outboundKey(), farDeadline(), CLIENT)).kind).toBe('unknown');
+
+    // Alice's fault tokens are turned away now without a call: a charge, and a refund of a charge made with one.
+    const lost = { clientId: CLIENT, source: 'tok_lost' };
+    expect(psp.chargeBreakerOpen(lost).open).toBe(true);
+    expect((await psp.createCharge(chargeRequest('tok_lost'), outboundKey(), farDeadline(), CLIENT)).kind).toBe('breaker-open');
+    expect((await psp.createRefund(refundRequest(), outboundKey(), farDeadline(), lost)).kind).toBe('breaker-open');
+    expect(stub.requests).toHaveLength(2);
+    expect(logs.entries).toContainEqual(
+      expect.objectContaining({ level: 'warn', fields: expect.objectContaining({ breaker: 'charges', clientId: CLIENT, state: 'open' }) }),
+    );
+
+    // The shared breaker counted none of it: Alice's card and another client's fault token still go out.
+    expect(psp.chargeBreakerOpen(CARD).open).toBe(false);
+    expect(psp.chargeBreakerOpen({ clientId: 'bob', source: 'tok_unavailable' }).open).toBe(false);
+    expect(await metricValue('psp_breaker_state', { breaker: 'charges' })).toBe(0);
+    stub.script(succeed);
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('succeeded');
+    expect((await psp.createCharge(chargeRequest('tok_slow'), outboundKey(), farDeadline(), 'bob')).kind).toBe('succeeded');
+    expect(stub.requests).toHaveLength(2);
+  });
+
+  it('counts a failed call with any other source against the shared breaker, which then turns every client away', async () => {
+    stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
+    const psp = client({ maxAttempts: 1, breakerThreshold: 2 });
+    // tok_chargeDeclined simulates no fault: a real provider's failure on it is everybody's.
+    expect((await psp.createCharge(chargeRequest('tok_chargeDeclined'), outboundKey(), farDeadline(), CLIENT)).kind).toBe('unknown');
+    expect((await psp.createCharge(chargeRequest('card_4242'), outboundKey(), farDeadline(), 'bob')).kind).toBe('unknown');
+    expect(psp.chargeBreakerOpen({ clientId: 'carol', source: 'tok_visa' }).open).toBe(true);
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), 'carol')).kind).toBe('breaker-open');
+    expect(stub.requests).toHaveLength(2);
+  });
+
   it('counts declines and refusals as answers, not failures', async () => {
     const outcomes = [503, 402, 503, 422, 503, 503];
     stub.script((req, res, n) => {
@@ -591,55 +647,55 @@ describe('PspClient circuit breakers', () => {
 
     const kinds = [];
     for (let i = 0; i < 5; i++) {
-      kinds.push((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind);
-      expect(psp.chargeBreakerOpen().open).toBe(false);
+      kinds.push((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind);
+      expect(psp.chargeBreakerOpen(CARD).open).toBe(false);
     }
     expect(kinds).toEqual(['unknown', 'declined', 'unknown', 'refused', 'unknown']);
 
     // The second unknown outcome in a row opens it.
-    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
-    expect(psp.chargeBreakerOpen().open).toBe(true);
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('unknown');
+    expect(psp.chargeBreakerOpen(CARD).open).toBe(true);
   });
 
   it('lets one probe through after breakerHalfOpenMs, turns others away meanwhile, and closes when it succeeds', async () => {
     const psp = client({ maxAttempts: 1, breakerThreshold: 1, breakerHalfOpenMs: 200 });
     stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
-    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
-    expect(psp.chargeBreakerOpen().open).toBe(true);
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('unknown');
+    expect(psp.chargeBreakerOpen(CARD).open).toBe(true);
 
-    await waitFor(() => !psp.chargeBreakerOpen().open);
-    expect(psp.chargeBreakerOpen().open).toBe(false);
+    await waitFor(() => !psp.chargeBreakerOpen(CARD).open);
+    expect(psp.chargeBreakerOpen(CARD).open).toBe(false);
     expect(await metricValue('psp_breaker_state', { breaker: 'charges' })).toBe(1);
 
     let release: (() => void) | undefined;
     stub.script((req, res, n) => {
       release = () => succeed(req, res, n);
     });
-    const probe = psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const probe = psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
     await waitFor(() => release !== undefined);
     expect(stub.requests).toHaveLength(1);
 
     // While the probe is out, nobody else gets through.
-    expect(psp.chargeBreakerOpen()).toEqual({ open: true, retryAfterSeconds: 1 });
-    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('breaker-open');
+    expect(psp.chargeBreakerOpen(CARD)).toEqual({ open: true, retryAfterSeconds: 1 });
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('breaker-open');
     expect(stub.requests).toHaveLength(1);
 
     release!();
     expect((await probe).kind).toBe('succeeded');
-    expect(psp.chargeBreakerOpen()).toEqual({ open: false });
+    expect(psp.chargeBreakerOpen(CARD)).toEqual({ open: false });
     expect(await metricValue('psp_breaker_state', { breaker: 'charges' })).toBe(0);
   });
 
   it('opens again when the probe fails', async () => {
     const psp = client({ maxAttempts: 1, breakerThreshold: 1, breakerHalfOpenMs: 200 });
     stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
-    await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
-    await waitFor(() => !psp.chargeBreakerOpen().open);
-    expect(psp.chargeBreakerOpen().open).toBe(false);
+    await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
+    await waitFor(() => !psp.chargeBreakerOpen(CARD).open);
+    expect(psp.chargeBreakerOpen(CARD).open).toBe(false);
 
-    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('unknown');
 
-    expect(psp.chargeBreakerOpen().open).toBe(true);
+    expect(psp.chargeBreakerOpen(CARD).open).toBe(true);
     expect(stub.requests).toHaveLength(2);
   });
 
@@ -648,10 +704,10 @@ describe('PspClient circuit breakers', () => {
     stub.script((_req, res, n) => reply(res, 503, problem(503, 'down'), n === 1 ? { 'retry-after': '2' } : {}));
     const psp = client({ maxAttempts: 2, breakerThreshold: 1 });
 
-    const slow = psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    const slow = psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
     await waitFor(() => stub.requests.length === 1);
-    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('unknown');
-    expect(psp.chargeBreakerOpen().open).toBe(true);
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('unknown');
+    expect(psp.chargeBreakerOpen(CARD).open).toBe(true);
     const requestsBefore = stub.requests.length;
 
     expect(await slow).toEqual({ kind: 'unknown', reason: 'the charges breaker opened while retrying; last of 1 attempt: HTTP 503' });
@@ -846,7 +902,7 @@ describe('PspClient lookups', () => {
     expect(stub.requests).toHaveLength(2);
 
     stub.script(succeed);
-    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline())).kind).toBe('succeeded');
+    expect((await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT)).kind).toBe('succeeded');
     expect(stub.requests).toHaveLength(1);
   });
 });
@@ -858,6 +914,7 @@ describe('PspClientModule, metrics and logs', () => {
       PspClientModule.forRootAsync({
         useFactory: () => ({
           baseUrl: () => stub.baseUrl,
+          apiKey: PROVIDER_KEY,
           timeoutMs: 2_000,
           maxAttempts: 3,
           breakerThreshold: 5,
@@ -884,7 +941,7 @@ describe('PspClientModule, metrics and logs', () => {
     stub.script((req, res, n) => (n === 1 ? reply(res, 503, problem(503, 'down')) : succeed(req, res, n)));
     const key = outboundKey();
 
-    expect((await psp.createCharge(chargeRequest(), key, farDeadline())).kind).toBe('succeeded');
+    expect((await psp.createCharge(chargeRequest(), key, farDeadline(), CLIENT)).kind).toBe('succeeded');
 
     const text = await registry.metrics();
     expect(text).toContain('psp_attempts_total{operation="charge",result="503"} 1');
@@ -909,7 +966,7 @@ describe('PspClientModule, metrics and logs', () => {
     stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
     const psp = client({ maxAttempts: 1, breakerThreshold: 1 });
 
-    await psp.createCharge(chargeRequest(), outboundKey(), farDeadline());
+    await psp.createCharge(chargeRequest(), outboundKey(), farDeadline(), CLIENT);
 
     expect(logs.entries).toContainEqual(
       expect.objectContaining({ level: 'warn', fields: expect.objectContaining({ breaker: 'charges', state: 'open' }) }),

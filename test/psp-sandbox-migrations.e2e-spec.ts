@@ -11,7 +11,7 @@ import { DataSource } from 'typeorm';
 import { pspSandboxMigrations } from '#psp-sandbox';
 import { migrationDataSourceOptions } from '#service-kit';
 import { migrations } from '../migrations/index';
-import { ALICE, createTestDatabase } from './support/test-app';
+import { ALICE, createTestDatabase, PSP_AUTH } from './support/test-app';
 import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './support/service-process';
 
 const SANDBOX_NAMES = ['PspSandbox1764414500000', 'PspWebhookOutbox1764414800000'];
@@ -76,7 +76,8 @@ describe("the sandbox provider's own migrations", () => {
   const service = (url: string, env: Record<string, string> = {}) =>
     runUntilListening({ DATABASE_URL: url, API_KEYS: `${ALICE.clientId}:${ALICE.secret}`, ...env });
   const sandboxAlone = (url: string) => runUntilListening({ DATABASE_URL: url, PSP_PORT: '0', PSP_WEBHOOK_URL: 'none' }, SANDBOX_MAIN);
-  const chargesAnswer = async (base: string) => (await request(base).get(`/psp/charges?orderId=${randomUUID()}`)).status;
+  const chargesAnswer = async (base: string) =>
+    (await request(base).get(`/psp/charges?orderId=${randomUUID()}`).set('Authorization', PSP_AUTH)).status;
 
   it("a fresh database with the sandbox in-process: the service's migrations and the sandbox's, in timestamp order", async () => {
     const url = await freshDatabase();

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
 import { AnswerDelays } from '#psp-sandbox';
-import { startTestApp, type TestApp } from './support/test-app';
+import { ALICE, bearer, PSP_AUTH, PSP_KEY, startTestApp, type TestApp } from './support/test-app';
 
 /**
  * The sandbox provider, mounted in-process (PSP_BASE_URL unset) and called over real HTTP.
@@ -39,7 +39,7 @@ function pendingPost(url: string, key: string, body: unknown): Pending {
   let done = false;
   const result = fetch(url, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', 'idempotency-key': key },
+    headers: { 'content-type': 'application/json', 'idempotency-key': key, authorization: PSP_AUTH },
     body: JSON.stringify(body),
     signal: controller.signal,
   })
@@ -60,13 +60,14 @@ describe('psp sandbox (/psp)', () => {
   });
 
   const postCharge = (key: string | undefined, body: unknown) => {
-    const req = request(t.url).post('/psp/charges');
+    const req = request(t.url).post('/psp/charges').set('Authorization', PSP_AUTH);
     if (key !== undefined) void req.set('Idempotency-Key', key);
     return req.send(body as object);
   };
   const postRefund = (key: string, body: unknown) =>
     request(t.url)
       .post('/psp/refunds')
+      .set('Authorization', PSP_AUTH)
       .set('Idempotency-Key', key)
       .send(body as object);
   const refundBody = (chargeId: string, amountMinor: number) => ({
@@ -78,7 +79,7 @@ describe('psp sandbox (/psp)', () => {
   const chargesOfPayment = (paymentId: string) => count(`SELECT count(*)::int AS n FROM psp.charges WHERE payment_id = $1`, [paymentId]);
   const keyRows = (key: string) => count(`SELECT count(*)::int AS n FROM psp.idempotency_keys WHERE key = $1`, [key]);
   const lookup = async (query: string) => {
-    const res = await request(t.url).get(`/psp/charges?${query}`);
+    const res = await request(t.url).get(`/psp/charges?${query}`).set('Authorization', PSP_AUTH);
     expect(res.status).toBe(200);
     return res.body.items as { id: string }[];
   };
@@ -358,6 +359,7 @@ describe('psp sandbox (/psp)', () => {
       expectProblem(await postCharge('x'.repeat(256), base), 400, 'idempotency-key-malformed');
       const notJson = await request(t.url)
         .post('/psp/charges')
+        .set('Authorization', PSP_AUTH)
         .set('Idempotency-Key', randomUUID())
         .set('Content-Type', 'application/json')
         .send('{"amountMinor":');
@@ -365,14 +367,40 @@ describe('psp sandbox (/psp)', () => {
       expect(await chargesOfPayment(base.metadata.paymentId)).toBe(0);
       // Lookups too.
       for (const query of ['', 'orderId=nope', 'paymentId=1', 'other=1'])
-        expectProblem(await request(t.url).get(`/psp/charges?${query}`), 400);
-      for (const query of ['', 'chargeId=nope', 'refundId=1']) expectProblem(await request(t.url).get(`/psp/refunds?${query}`), 400);
+        expectProblem(await request(t.url).get(`/psp/charges?${query}`).set('Authorization', PSP_AUTH), 400);
+      for (const query of ['', 'chargeId=nope', 'refundId=1'])
+        expectProblem(await request(t.url).get(`/psp/refunds?${query}`).set('Authorization', PSP_AUTH), 400);
     });
 
-    it('needs no API key', async () => {
-      const res = await postCharge(randomUUID(), chargeBody('tok_visa'));
-      expect(res.status).toBe(201);
-      expect((await request(t.url).post('/orders').send({})).status).toBe(401);
+    it("needs the provider's secret key, not a client's API key: anything else is 401 problem+json, and nothing is recorded", async () => {
+      const body = chargeBody('tok_chargeDeclined');
+      const strangers = [
+        undefined,
+        'Bearer',
+        `Bearer ${PSP_KEY}x`,
+        `Bearer ${PSP_KEY.slice(0, -1)}`,
+        `Bearer ${PSP_KEY} ${PSP_KEY}`,
+        PSP_KEY,
+        `Basic ${Buffer.from(`merchant:${PSP_KEY}`).toString('base64')}`,
+        bearer(ALICE),
+      ];
+      for (const authorization of strangers) {
+        const as = (req: request.Test) => (authorization === undefined ? req : req.set('Authorization', authorization));
+        const answers = [
+          await as(request(t.url).post('/psp/charges').set('Idempotency-Key', randomUUID())).send(body),
+          await as(request(t.url).get('/psp/charges').query({ paymentId: body.metadata.paymentId })),
+          await as(request(t.url).post('/psp/refunds').set('Idempotency-Key', randomUUID())).send(refundBody('ch_x', 1)),
+          await as(request(t.url).get('/psp/refunds').query({ chargeId: 'ch_x' })),
+        ];
+        for (const res of answers) {
+          expectProblem(res, 401, 'unauthorized');
+          expect(res.headers['www-authenticate']).toBe('Bearer');
+        }
+      }
+      expect(await chargesOfPayment(body.metadata.paymentId)).toBe(0);
+      // The provider key opens the sandbox, and only the sandbox: the service's own API still wants a client's key.
+      expect((await postCharge(randomUUID(), chargeBody('tok_visa'))).status).toBe(201);
+      expect((await request(t.url).post('/orders').set('Authorization', PSP_AUTH).send({})).status).toBe(401);
     });
   });
 
@@ -415,9 +443,9 @@ describe('psp sandbox (/psp)', () => {
       expect(again.text).toBe(first.text);
       expect(again.headers['idempotent-replayed']).toBe('true');
       expectProblem(await postRefund(key, { ...body, amountMinor: 5 }), 422, 'psp-idempotency-key-reused');
-      const byCharge = await request(t.url).get(`/psp/refunds?chargeId=${ch.id}`);
+      const byCharge = await request(t.url).get(`/psp/refunds?chargeId=${ch.id}`).set('Authorization', PSP_AUTH);
       expect(byCharge.body).toEqual({ items: [first.body] });
-      const byRefund = await request(t.url).get(`/psp/refunds?refundId=${body.metadata.refundId}`);
+      const byRefund = await request(t.url).get(`/psp/refunds?refundId=${body.metadata.refundId}`).set('Authorization', PSP_AUTH);
       expect(byRefund.body).toEqual({ items: [first.body] });
       expect(await count(`SELECT count(*)::int AS n FROM psp.refunds WHERE charge_id = $1`, [ch.id])).toBe(1);
     });
@@ -443,7 +471,9 @@ describe('psp sandbox (/psp)', () => {
       expect(again.status).toBe(402);
       expect(again.text).toBe(first.text);
       expect((await t.db.query(`SELECT refunded_minor FROM psp.charges WHERE id = $1`, [ch.id])).rows[0].refunded_minor).toBe('0');
-      expect((await request(t.url).get(`/psp/refunds?refundId=${body.metadata.refundId}`)).body.items).toEqual([first.body]);
+      expect(
+        (await request(t.url).get(`/psp/refunds?refundId=${body.metadata.refundId}`).set('Authorization', PSP_AUTH)).body.items,
+      ).toEqual([first.body]);
       // Still refused when it asks for more than the charge.
       expectProblem(await postRefund(randomUUID(), refundBody(ch.id, 501)), 422, 'psp-refund-exceeds-charge');
     });
@@ -478,7 +508,8 @@ describe('psp sandbox (/psp)', () => {
       const refund = refundBody(timeout.body.id, 800);
       const held = pendingPost(`${t.url}/psp/refunds`, refundKey, refund);
       await until(
-        async () => (await request(t.url).get(`/psp/refunds?chargeId=${timeout.body.id}`)).body.items.length === 1,
+        async () =>
+          (await request(t.url).get(`/psp/refunds?chargeId=${timeout.body.id}`).set('Authorization', PSP_AUTH)).body.items.length === 1,
         'the refund is recorded',
       );
       const second = await postRefund(refundKey, refund);

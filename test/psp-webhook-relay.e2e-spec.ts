@@ -4,7 +4,7 @@ import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { Webhook } from 'standardwebhooks';
 import { WebhookRelay } from '#psp-sandbox';
-import { createTestDatabase, startTestApp, type TestApp, WEBHOOK_SECRET } from './support/test-app';
+import { createTestDatabase, PSP_AUTH, startTestApp, type TestApp, WEBHOOK_SECRET } from './support/test-app';
 
 /**
  * The sandbox's webhook SENDER (outbox + relay), against a real HTTP receiver on 127.0.0.1 that
@@ -95,7 +95,7 @@ function verified(receipt: Receipt): { type: string; timestamp: string; data: Re
 async function post(t: TestApp, path: string, key: string, body: unknown): Promise<{ status: number; body: Record<string, unknown> }> {
   const res = await fetch(`${t.url}${path}`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', 'idempotency-key': key },
+    headers: { 'content-type': 'application/json', 'idempotency-key': key, authorization: PSP_AUTH },
     body: JSON.stringify(body),
   });
   return { status: res.status, body: (await res.json()) as Record<string, unknown> };

@@ -71,7 +71,7 @@ describe('three service processes on one database: a mixed storm keeps every inv
       PSP_MAX_ATTEMPTS: '3',
       IDEMPOTENCY_LEASE_SECONDS: '4',
       RECONCILE_INTERVAL_MS: '500',
-      // The faulty tokens open each instance's breaker; a short half-open keeps its Retry-After (and the test) short.
+      // The faulty tokens open the paying client's breaker on each instance; a short half-open keeps Retry-After (and the test) short.
       PSP_BREAKER_HALF_OPEN_MS: '2000',
     };
     // One at a time: three concurrent migration runs would only queue on the advisory lock anyway.

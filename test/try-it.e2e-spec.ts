@@ -30,11 +30,13 @@ describe('scripts/try-it.sh (the README\'s "Try it")', () => {
   it(
     'runs as pasted against a started service: exit 0, every promised status seen',
     async () => {
-      // PSP_WEBHOOK_SECRET unset, as for `npm start`: the embedded run's dev secret, which the script signs with.
+      // PSP_WEBHOOK_SECRET and PSP_API_KEY unset, as for `npm start`: the embedded run's dev secret, which the script
+      // signs with, and its dev provider key, which the script sends to /psp.
       service = await startServiceProcess({
         EMBEDDED_PG_DIR: join(dir, 'pg'),
         EMBEDDED_PG_PORT: String(await freePort()),
         PSP_WEBHOOK_SECRET: '',
+        PSP_API_KEY: '',
       });
       const { code, output } = await new Promise<{ code: number; output: string }>((done) => {
         execFile(

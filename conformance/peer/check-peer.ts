@@ -236,6 +236,7 @@ async function runTarget(name: TargetName, port: number, database: (name: string
         LOG_LEVEL: 'warn',
         API_KEYS: `conformance-a:${secret('a')},conformance-b:${secret('b')}`,
         PSP_WEBHOOK_SECRET: `whsec_${Buffer.from('conformance-webhook-secret-0123456789').toString('base64')}`,
+        PSP_API_KEY: secret('provider'),
         // On a real database the in-process sandbox provider must be asked for (the kit never pays).
         PSP_SANDBOX: 'in-process',
         CONFORMANCE_HOOKS: '1',

@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { DEV_API_CLIENT, DEV_WEBHOOK_SECRET, loadConfig } from './app-config.js';
+import { DEV_API_CLIENT, DEV_PSP_API_KEY, DEV_WEBHOOK_SECRET, loadConfig } from './app-config.js';
 import { ConfigError } from '#service-kit';
 
 type Env = Record<string, string | undefined>;
@@ -33,6 +33,7 @@ const VARIABLES = [
   'PSP_MAX_ATTEMPTS',
   'PSP_BREAKER_THRESHOLD',
   'PSP_BREAKER_HALF_OPEN_MS',
+  'PSP_API_KEY',
   'PSP_WEBHOOK_SECRET',
   'PSP_WEBHOOK_URL',
   'PSP_WEBHOOK_DUPLICATES',
@@ -47,8 +48,16 @@ const PG_URL = 'postgres://app:pw@db.internal:5432/orders';
 const KEYS = 'alice:alice-secret-0123456789,bob:bob-secret-0123456789';
 /** A well-formed webhook secret: whsec_ + base64 of 32 bytes. */
 const WEBHOOK_SECRET = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
+/** A provider's secret key as a provider issues one. */
+const PSP_KEY = 'sk_live_4f8b1c9e2d7a6053b8e1f4c2a9d7e6b0';
 /** What a real-database run must set at least. */
-const REAL = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'https://psp.example.com' };
+const REAL = {
+  DATABASE_URL: PG_URL,
+  API_KEYS: KEYS,
+  PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+  PSP_API_KEY: PSP_KEY,
+  PSP_BASE_URL: 'https://psp.example.com',
+};
 
 /** What production accepts: generated-looking keys and secret (app-config refuses hand-typed ones there). */
 const REAL_IN_PRODUCTION = {
@@ -114,6 +123,8 @@ describe('loadConfig: defaults', () => {
       pspMaxAttempts: 5,
       pspBreakerThreshold: 5,
       pspBreakerHalfOpenMs: 10_000,
+      pspApiKey: DEV_PSP_API_KEY,
+      usingDevPspApiKey: true,
       pspWebhookSecret: DEV_WEBHOOK_SECRET,
       usingDevWebhookSecret: true,
       pspWebhookDelivery: { to: 'self' },
@@ -177,6 +188,7 @@ describe('loadConfig: defaults', () => {
       PSP_MAX_ATTEMPTS: '4',
       PSP_BREAKER_THRESHOLD: '3',
       PSP_BREAKER_HALF_OPEN_MS: '2500',
+      PSP_API_KEY: ` ${PSP_KEY} `,
       PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
       PSP_WEBHOOK_URL: 'http://localhost:8080/webhooks/psp',
       PSP_WEBHOOK_DUPLICATES: 'true',
@@ -213,6 +225,8 @@ describe('loadConfig: defaults', () => {
       pspMaxAttempts: 4,
       pspBreakerThreshold: 3,
       pspBreakerHalfOpenMs: 2500,
+      pspApiKey: PSP_KEY,
+      usingDevPspApiKey: false,
       pspWebhookSecret: WEBHOOK_SECRET,
       usingDevWebhookSecret: false,
       pspWebhookDelivery: { to: 'url', url: 'http://localhost:8080/webhooks/psp' },
@@ -227,7 +241,7 @@ describe('loadConfig: defaults', () => {
 });
 
 describe('loadConfig: the sandbox provider never serves a real database by accident', () => {
-  const withoutProvider = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET };
+  const withoutProvider = { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_API_KEY: PSP_KEY };
 
   it('is mounted in-process on the embedded database', () => {
     expect(loadConfig({})).toMatchObject({ pspSandbox: 'in-process', pspSandboxOptedIn: false });
@@ -286,8 +300,8 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['DATABASE_POOL_SIZE', { DATABASE_POOL_SIZE: '1' }],
     ['DATABASE_POOL_WAIT_MS', { DATABASE_POOL_WAIT_MS: '0' }],
     ['SUBMIT_TOKEN_TTL_SECONDS', { SUBMIT_TOKEN_TTL_SECONDS: 'x' }],
-    ['PSP_BASE_URL', { API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'ftp://x' }],
-    ['PSP_BASE_URL', { API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_BASE_URL: 'not a url' }],
+    ['PSP_BASE_URL', { API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_API_KEY: PSP_KEY, PSP_BASE_URL: 'ftp://x' }],
+    ['PSP_BASE_URL', { API_KEYS: KEYS, PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_API_KEY: PSP_KEY, PSP_BASE_URL: 'not a url' }],
     ['PSP_MAX_LATENCY_MS', { PSP_MAX_LATENCY_MS: '-1' }],
     ['PSP_MAX_LATENCY_MS', { PSP_MAX_LATENCY_MS: '5m' }],
     ['PSP_KEY_RETENTION_HOURS', { PSP_KEY_RETENTION_HOURS: '0' }],
@@ -303,6 +317,13 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['PSP_WEBHOOK_SECRET', { DATABASE_URL: PG_URL, API_KEYS: KEYS }],
     ['PSP_WEBHOOK_SECRET', { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: '  ' }],
     ['PSP_WEBHOOK_SECRET', { DATABASE_URL: PG_URL, API_KEYS: KEYS, PSP_WEBHOOK_SECRET: DEV_WEBHOOK_SECRET }],
+    ['PSP_API_KEY', { PSP_API_KEY: 'sk_short' }],
+    ['PSP_API_KEY', { PSP_API_KEY: 'sk_test two words 0123456789' }],
+    ['PSP_API_KEY', { PSP_API_KEY: `sk_test_${'x'.repeat(600)}` }],
+    ['PSP_API_KEY', { ...REAL, PSP_API_KEY: '' }],
+    ['PSP_API_KEY', { ...REAL, PSP_API_KEY: DEV_PSP_API_KEY }],
+    ['PSP_API_KEY', { ...REAL, DATABASE_URL: undefined, PSP_API_KEY: undefined }],
+    ['PSP_API_KEY', { ...REAL, PSP_BASE_URL: undefined, PSP_SANDBOX: 'in-process', PSP_API_KEY: undefined }],
     ['PSP_WEBHOOK_URL', { PSP_WEBHOOK_URL: 'ftp://x' }],
     ['PSP_WEBHOOK_URL', { PSP_WEBHOOK_URL: 'None' }],
     ['PSP_WEBHOOK_URL', { PSP_WEBHOOK_URL: 'off' }],
@@ -327,6 +348,7 @@ describe('loadConfig: a bad value stops with a ConfigError naming the variable',
     ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${'*'.repeat(44)}` }],
     ['IDEMPOTENCY_ENCRYPTION_KEYS', { IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY},k1:${ENCRYPTION_KEY}` }],
     ['IDEMPOTENCY_ENCRYPTION_KEYS', REAL_IN_PRODUCTION],
+    ['PSP_API_KEY', { ...REAL_IN_PRODUCTION, IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}`, PSP_API_KEY: 'x'.repeat(32) }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '1' }],
     ['EMBEDDED_PG_PORT', { EMBEDDED_PG_PORT: '70000' }],
   ];
@@ -450,6 +472,33 @@ describe('loadConfig: no published secret guards a real database', () => {
   });
 });
 
+describe("loadConfig: the provider's secret key (PSP_API_KEY)", () => {
+  it('the published dev key only where the dev webhook secret is accepted: the embedded database, no NODE_ENV=production, no real provider', () => {
+    expect(loadConfig({})).toMatchObject({ pspApiKey: DEV_PSP_API_KEY, usingDevPspApiKey: true, pspSandbox: 'in-process' });
+    expect(loadConfig({ PSP_API_KEY: PSP_KEY })).toMatchObject({ pspApiKey: PSP_KEY, usingDevPspApiKey: false });
+    expect(loadConfig(REAL)).toMatchObject({ pspApiKey: PSP_KEY, usingDevPspApiKey: false });
+    for (const [deployed, env] of [
+      ['DATABASE_URL is set', { ...REAL, PSP_BASE_URL: undefined, PSP_SANDBOX: 'in-process' }],
+      ['PSP_BASE_URL names a real provider', { ...REAL, DATABASE_URL: undefined }],
+      ['NODE_ENV=production', { ...REAL_IN_PRODUCTION, DATABASE_URL: undefined, IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}` }],
+    ] as const) {
+      const missing = configError({ ...env, PSP_API_KEY: undefined });
+      expect(missing.variables).toEqual(['PSP_API_KEY']);
+      expect(missing.message).toContain(`PSP_API_KEY is required when ${deployed}, and must not be the published dev key`);
+      expect(configError({ ...env, PSP_API_KEY: DEV_PSP_API_KEY }).variables).toEqual(['PSP_API_KEY']);
+    }
+  });
+
+  it('the dev key is itself a well-formed key, and production takes a generated one', () => {
+    expect(loadConfig({ PSP_API_KEY: DEV_PSP_API_KEY }).pspApiKey).toBe(DEV_PSP_API_KEY);
+    const production = { ...REAL_IN_PRODUCTION, IDEMPOTENCY_ENCRYPTION_KEYS: `k1:${ENCRYPTION_KEY}` };
+    expect(loadConfig(production).pspApiKey).toBe(PSP_KEY);
+    expect(configError({ ...production, PSP_API_KEY: 'x'.repeat(32) }).message).toContain(
+      'PSP_API_KEY must be generated when NODE_ENV=production',
+    );
+  });
+});
+
 describe('loadConfig: a secret never appears in an error message', () => {
   const SECRET = 'Sup3rS3cretValue-XYZ-987';
 
@@ -467,6 +516,10 @@ describe('loadConfig: a secret never appears in an error message', () => {
     ['a short webhook secret', 'Sup3rS3cr', { PSP_WEBHOOK_SECRET: 'Sup3rS3cr' }],
     ['a malformed webhook secret', SECRET, { PSP_WEBHOOK_SECRET: `whsec_${SECRET}` }],
     ['the dev API key next to a real database', DEV_API_CLIENT.secret, { ...REAL, API_KEYS: `ops:${DEV_API_CLIENT.secret}` }],
+    ['a provider key with a space in it', SECRET, { PSP_API_KEY: `${SECRET} ${SECRET}` }],
+    ['a short provider key', 'Sup3rS3cr', { PSP_API_KEY: 'Sup3rS3cr' }],
+    ['the dev provider key next to a real provider', DEV_PSP_API_KEY, { ...REAL, PSP_API_KEY: DEV_PSP_API_KEY }],
+    ['a hand-typed provider key in production', 'x'.repeat(32), { ...REAL_IN_PRODUCTION, PSP_API_KEY: 'x'.repeat(32) }],
     ['the password in a DATABASE_URL of the wrong scheme', SECRET, { DATABASE_URL: `mysql://app:${SECRET}@db/orders`, API_KEYS: KEYS }],
     ['the password in an unparsable DATABASE_URL', SECRET, { DATABASE_URL: `postgres://app:${SECRET}@db:99999/orders`, API_KEYS: KEYS }],
     ['the password in a PSP_BASE_URL of the wrong scheme', SECRET, { PSP_BASE_URL: `ftp://psp:${SECRET}@psp.example.com` }],
@@ -516,7 +569,8 @@ describe('loadConfig: every problem at once', () => {
 
   it('names everything a real database requires when all of it is missing, not one per start', () => {
     const err = configError({ DATABASE_URL: PG_URL });
-    expect(err.variables).toEqual(['API_KEYS', 'PSP_WEBHOOK_SECRET', 'PSP_BASE_URL']);
+    expect(err.variables).toEqual(['API_KEYS', 'PSP_WEBHOOK_SECRET', 'PSP_API_KEY', 'PSP_BASE_URL']);
+    expect(err.message).toContain('PSP_API_KEY is required when DATABASE_URL is set');
     expect(err.message).toContain('PSP_BASE_URL is required when DATABASE_URL is set');
     expect(err.message).toContain('API_KEYS is required when DATABASE_URL is set');
     expect(err.message).toContain('PSP_WEBHOOK_SECRET is required when DATABASE_URL is set');

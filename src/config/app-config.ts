@@ -20,7 +20,7 @@ export interface ApiClient {
 }
 
 export interface AppConfig {
-  /** NODE_ENV=production: every published development default (key, secret, sandbox) is refused, and weak secrets too. */
+  /** NODE_ENV=production: every published development default (keys, secret, sandbox) is refused, and weak secrets too. */
   production: boolean;
   port: number;
   /** HOST: the address to listen on. Default: 127.0.0.1 in development (nobody else reaches the dev key), 0.0.0.0 in production. */
@@ -85,6 +85,10 @@ export interface AppConfig {
   pspBreakerThreshold: number;
   /** How long an open breaker refuses calls before it lets one through to test the provider. */
   pspBreakerHalfOpenMs: number;
+  /** PSP_API_KEY: the provider's secret key, sent with every call (`Authorization: Bearer`); the in-process sandbox takes it. */
+  pspApiKey: string;
+  /** True when PSP_API_KEY was not given and the published dev key is in use (development only). */
+  usingDevPspApiKey: boolean;
   /** `whsec_<base64>` (Standard Webhooks). */
   pspWebhookSecret: string;
   /** True when PSP_WEBHOOK_SECRET was not given and the dev default is in use (embedded runs only). */
@@ -119,6 +123,12 @@ export const DEV_API_CLIENT: ApiClient = { clientId: 'demo', secret: 'dev-secret
  * Published in this repository, so never accepted when DATABASE_URL is set.
  */
 export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=';
+
+/**
+ * The provider key of the development run, taken by the in-process sandbox and sent by the client. Published in this
+ * repository, so refused wherever the other dev defaults are (see `deployment`).
+ */
+export const DEV_PSP_API_KEY = 'sk_test_dev-only-psp-key-change-me';
 
 /**
  * Slack the lease keeps beyond the outbound client's attempts, for the phase-1 and phase-3 transactions (docs/contract.md#outbound-client).
@@ -265,6 +275,29 @@ function webhookSecret(env: Env, raw: string, production: boolean): string {
   return raw;
 }
 
+/**
+ * PSP_API_KEY: what the provider issued (any token a bearer header can carry), or the dev key where the dev defaults
+ * are accepted. Never printed: a malformed key may be the real one with a typo.
+ */
+function pspApiKey(env: Env, deployed: string | undefined, production: boolean): string {
+  const raw = env.PSP_API_KEY?.trim() || undefined;
+  if (raw === undefined || raw === DEV_PSP_API_KEY) {
+    if (!deployed) return DEV_PSP_API_KEY;
+    // Whoever read the repository could have the provider charge, or fail, any payment they name (issue 38).
+    const problem = `is required when ${deployed}, and must not be the published dev key`;
+    return invalid(env, new ConfigError('PSP_API_KEY', problem, raw ? '***' : ''), DEV_PSP_API_KEY);
+  }
+  if (!/^[\x21-\x7e]{16,512}$/.test(raw))
+    return invalid(env, new ConfigError('PSP_API_KEY', 'must be 16 to 512 visible characters without spaces', '***'), raw);
+  if (production && looksHandTyped(raw)) {
+    const problem =
+      `must be generated when NODE_ENV=production: it is under ${MIN_PRODUCTION_SECRET_LENGTH} characters or of fewer than ` +
+      `${MIN_DISTINCT_CHARACTERS} different ones (your provider's key; for the sandbox, openssl rand -hex 16)`;
+    return invalid(env, new ConfigError('PSP_API_KEY', problem, '***'), raw);
+  }
+  return raw;
+}
+
 /** Only the usual three words: "prod" or "Production" must not quietly mean development (and its defaults). */
 function nodeEnv(env: Env): string | undefined {
   const raw = env.NODE_ENV?.trim();
@@ -347,7 +380,7 @@ function encryptionKeys(env: Env): AppConfig['idempotencyEncryption'] {
 }
 
 /**
- * The sandbox authenticates nobody and answers test tokens as payments: on a real database it is
+ * The sandbox answers test tokens as payments for whoever holds its key (PSP_API_KEY): on a real database it is
  * mounted only when asked for by name, so a deployment that forgets PSP_BASE_URL does not start.
  */
 function pspSandbox(
@@ -385,7 +418,7 @@ function pspSandbox(
   }
   if (databaseUrl && !raw) {
     const problem =
-      'is required when DATABASE_URL is set: name your payment provider, or set PSP_SANDBOX=in-process to mount the unauthenticated test sandbox on this port (demos only)';
+      'is required when DATABASE_URL is set: name your payment provider, or set PSP_SANDBOX=in-process to mount the test sandbox on this port (demos only)';
     return invalid(env, new ConfigError('PSP_BASE_URL', problem, ''), off);
   }
   return { pspSandbox: 'in-process', pspSandboxOptedIn: databaseUrl !== undefined };
@@ -498,6 +531,7 @@ function readConfig(env: Env): AppConfig {
     const problem = `is required when ${deployed}, and must not be the published dev secret`;
     invalid(env, new ConfigError('PSP_WEBHOOK_SECRET', problem, rawWebhookSecret ? '***' : ''), undefined);
   }
+  const providerKey = pspApiKey(env, deployed, production);
   // 2 s per attempt: a card charge normally answers well under a second; past 2 s a retry under the same key is the better bet.
   const pspTimeoutMs = integer(env, 'PSP_TIMEOUT_MS', 2_000, 1, 60_000);
   // 5: a flaky provider's usual 1–2 transient errors are absorbed with room to spare; 3 is the floor
@@ -565,6 +599,8 @@ function readConfig(env: Env): AppConfig {
     pspBreakerThreshold: integer(env, 'PSP_BREAKER_THRESHOLD', 5, 1, 1_000),
     // 10 s: short enough that a recovered provider is used again quickly, long enough to give it air.
     pspBreakerHalfOpenMs: integer(env, 'PSP_BREAKER_HALF_OPEN_MS', 10_000, 100, 600_000),
+    pspApiKey: providerKey,
+    usingDevPspApiKey: providerKey === DEV_PSP_API_KEY,
     pspWebhookSecret: rawWebhookSecret ? webhookSecret(env, rawWebhookSecret, production) : DEV_WEBHOOK_SECRET,
     usingDevWebhookSecret: !rawWebhookSecret,
     pspWebhookDelivery: webhookDelivery(env),

@@ -31,6 +31,9 @@ interface LateRefundRow {
   amount_minor: string;
   outbound_key: string;
   attempts: number;
+  /** The late charge's payment: its client and its source pick the refund's breaker (PspClient). */
+  client_id: string;
+  source: string;
 }
 
 /** The key the provider dedupes a late charge's refund on: derived from the charge, so every attempt, on any instance, is one refund. */
@@ -122,7 +125,9 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
       `UPDATE late_charge_refunds
           SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
         WHERE id = $1 AND status = 'pending' AND next_attempt_at <= now()
-       RETURNING id, charge_id, payment_id, amount_minor, outbound_key, attempts`,
+       RETURNING id, charge_id, payment_id, amount_minor, outbound_key, attempts,
+                 (SELECT client_id FROM payments p WHERE p.id = late_charge_refunds.payment_id) AS client_id,
+                 (SELECT source FROM payments p WHERE p.id = late_charge_refunds.payment_id) AS source`,
       [id, LATE_REFUND_ATTEMPT_SECONDS],
     );
     if (!row) return false;
@@ -133,6 +138,7 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
         { chargeId: row.charge_id, amountMinor: Number(row.amount_minor), metadata: { refundId: row.id, paymentId: row.payment_id } },
         row.outbound_key,
         deadline,
+        { clientId: row.client_id, source: row.source },
       );
     } catch (err) {
       result = { kind: 'unknown', reason: err instanceof Error ? err.message : String(err) };

@@ -129,7 +129,7 @@ export class PaymentsService {
    * open, another payment in progress) is thrown, which rolls ① back and leaves the key free.
    */
   private async createPendingPayment(key: LeasedKey, clientId: string, orderId: string, source: string): Promise<AfterPhase1> {
-    const breaker = this.psp.chargeBreakerOpen();
+    const breaker = this.psp.chargeBreakerOpen({ clientId, source });
     if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
     const [order] = isUUID(orderId)
       ? await this.db.query<{ status: OrderStatus; total_minor: string; currency: string }>(
@@ -190,6 +190,7 @@ export class PaymentsService {
       },
       payment.outbound_key,
       key.deadline,
+      payment.client_id,
     );
     return chargeOutcome(result, earlierAttempt);
   }

@@ -35,8 +35,11 @@ import { type ProblemException } from '#service-kit';
  */
 export const RESERVE_REFUND = `UPDATE payments SET refunded_minor = refunded_minor + $2, updated_at = now() WHERE id = $1 AND refunded_minor + $2 <= amount_minor RETURNING id`;
 
-/** A refund with the charge it refunds (a succeeded payment's charge never changes). */
-type RefundToSend = RefundRow & { charge_id: string };
+/**
+ * A refund with the charge it refunds (a succeeded payment's charge never changes) and the source that charge was made
+ * with: a refund inherits its test-token faults, so the source picks its breaker too.
+ */
+type RefundToSend = RefundRow & { charge_id: string; charge_source: string };
 
 /** Where phase 1 leaves a request: answered already, or holding the key's lease with the refund to send. */
 type AfterPhase1 = { answer: KeyAnswer } | { key: LeasedKey; refund: RefundToSend; resumed: boolean };
@@ -132,12 +135,16 @@ export class RefundsService {
     paymentId: string,
     amountMinor: number | undefined,
   ): Promise<AfterPhase1> {
-    const breaker = this.psp.chargeBreakerOpen();
-    if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
     const [found] = isUUID(paymentId)
-      ? await this.db.query<{ order_id: string }>(`SELECT order_id FROM payments WHERE id = $1 AND client_id = $2`, [paymentId, clientId])
+      ? await this.db.query<{ order_id: string; source: string }>(
+          `SELECT order_id, source FROM payments WHERE id = $1 AND client_id = $2`,
+          [paymentId, clientId],
+        )
       : [];
     if (!found) return this.refuse(key, paymentNotFound(paymentId));
+    // Once the payment is known: its source picks the breaker (a refund inherits its charge's test-token faults).
+    const breaker = this.psp.chargeBreakerOpen({ clientId, source: found.source });
+    if (breaker.open) throw providerUnavailable(breaker.retryAfterSeconds);
     const [order] = await this.db.query<{ status: OrderStatus }>(`SELECT status FROM orders WHERE id = $1 FOR UPDATE`, [found.order_id]);
     const [payment] = await this.db.query<PaymentRow>(`SELECT ${PAYMENT_COLUMNS} FROM payments WHERE id = $1 FOR UPDATE`, [paymentId]);
     if (payment.status !== 'succeeded' || order.status !== 'cancelled')
@@ -155,7 +162,7 @@ export class RefundsService {
     // This holder calls the provider only before its lease ends: the bound every later "never reached" waits out.
     await this.attempts.firstAttempt('refunds', inserted.id, key.id);
     await this.phases.setRecoveryPoint(key, REFUND_CREATED);
-    return { key, refund: { ...inserted, charge_id: payment.provider_transaction_id! }, resumed: false };
+    return { key, refund: { ...inserted, charge_id: payment.provider_transaction_id!, charge_source: payment.source }, resumed: false };
   }
 
   /** A lasting refusal in ②: completes the key with it, in ①'s transaction, so every retry replays it. */
@@ -168,7 +175,7 @@ export class RefundsService {
   /** A resumed key's refund, inserted with it in ②, as it is now, with the charge it refunds. */
   private async refundOfKey(key: LeasedKey): Promise<RefundToSend> {
     const [refund] = await this.db.query<RefundToSend>(
-      `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id
+      `SELECT ${prefixed('r', REFUND_COLUMNS)}, p.provider_transaction_id AS charge_id, p.source AS charge_source
          FROM refunds r JOIN payments p ON p.id = r.payment_id WHERE r.idempotency_key_id = $1`,
       [key.id],
     );
@@ -186,6 +193,7 @@ export class RefundsService {
       },
       refund.outbound_key,
       key.deadline,
+      { clientId: refund.client_id, source: refund.charge_source },
     );
     return refundOutcome(result, earlierAttempt);
   }

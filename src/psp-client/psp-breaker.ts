@@ -24,17 +24,20 @@ export class PspBreaker {
     readonly name: BreakerName,
     private readonly halfOpenMs: number,
     threshold: number,
+    /** The API client whose test-token calls alone this breaker counts (ClientBreakers); undefined for a shared breaker. */
+    readonly owner?: string,
   ) {
     // Every error that escapes the retry is a bug on our side after a request may have been sent:
     // it counts as a failure too, as its outcome is as unknown as a timeout's.
     const failure = handleAll.orWhenResult((r) => (r as AttemptResult).verdict === 'unknown');
     this.policy = circuitBreaker(failure, { halfOpenAfter: halfOpenMs, breaker: new ConsecutiveBreaker(threshold) });
+    const fields = { breaker: name, ...(owner === undefined ? {} : { clientId: owner, testTokens: true }) };
     this.policy.onBreak(() => {
       this.openedAt = Date.now();
-      this.logger.warn({ breaker: name, state: 'open', halfOpenAfterMs: halfOpenMs }, 'psp circuit breaker opened');
+      this.logger.warn({ ...fields, state: 'open', halfOpenAfterMs: halfOpenMs }, 'psp circuit breaker opened');
     });
-    this.policy.onHalfOpen(() => this.logger.log({ breaker: name, state: 'half-open' }, 'psp circuit breaker half-open: probing'));
-    this.policy.onReset(() => this.logger.log({ breaker: name, state: 'closed' }, 'psp circuit breaker closed'));
+    this.policy.onHalfOpen(() => this.logger.log({ ...fields, state: 'half-open' }, 'psp circuit breaker half-open: probing'));
+    this.policy.onReset(() => this.logger.log({ ...fields, state: 'closed' }, 'psp circuit breaker closed'));
   }
 
   /**
@@ -75,5 +78,39 @@ export class PspBreaker {
       default:
         return this.check(now).open ? 2 : 1;
     }
+  }
+}
+
+/**
+ * Far more API clients than API_KEYS ever names (they are authenticated, so their ids are not a stranger's choice):
+ * a bound on memory, not a limit anybody meets.
+ */
+export const MAX_CLIENT_BREAKERS = 1_000;
+
+/**
+ * One breaker per API client, for the calls that carry one of the sandbox's fault tokens (PspClient), created closed on
+ * a client's first such call. Past `limit` clients the one used least recently is forgotten, and its state with it.
+ */
+export class ClientBreakers {
+  // A Map iterates in insertion order: re-inserting on every use keeps the least recently used first.
+  private readonly byClient = new Map<string, PspBreaker>();
+
+  constructor(
+    private readonly name: BreakerName,
+    private readonly halfOpenMs: number,
+    private readonly threshold: number,
+    private readonly limit = MAX_CLIENT_BREAKERS,
+  ) {}
+
+  get size(): number {
+    return this.byClient.size;
+  }
+
+  of(clientId: string): PspBreaker {
+    const breaker = this.byClient.get(clientId) ?? new PspBreaker(this.name, this.halfOpenMs, this.threshold, clientId);
+    this.byClient.delete(clientId);
+    this.byClient.set(clientId, breaker);
+    if (this.byClient.size > this.limit) this.byClient.delete(this.byClient.keys().next().value!);
+    return breaker;
   }
 }

@@ -4,6 +4,8 @@ export interface PspClientOptions {
    * because the in-process sandbox's URL is known only once the app listens (port 0 in tests).
    */
   baseUrl: () => string;
+  /** The provider's secret key (PSP_API_KEY), sent with every attempt as `Authorization: Bearer <key>`. */
+  apiKey: string;
   /** Per attempt: connect, headers and body must all arrive within it (PSP_TIMEOUT_MS). */
   timeoutMs: number;
   /** Attempts per logical call, the first included (PSP_MAX_ATTEMPTS). */

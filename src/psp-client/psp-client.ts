@@ -14,8 +14,9 @@ import {
 } from 'cockatiel';
 import { request as sendRequest } from 'undici';
 import { monotonicNow } from '@idempotent-orders/idempotency';
+import { simulatesFault } from '#psp-sandbox';
 import { type AttemptResult, describeAttempt, isRetryable, judgeLookup, judgeWrite, lookupItems } from './attempt-result.js';
-import { type BreakerCheck, PspBreaker } from './psp-breaker.js';
+import { type BreakerCheck, ClientBreakers, PspBreaker } from './psp-breaker.js';
 import { type PspCallOutcome, PspClientMetrics, type PspOperation } from './psp-client-metrics.js';
 import { BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, LOOKUP_BACKOFF_BUDGET_MS, type PspClientOptions } from './psp-client-options.js';
 import { PspUnreachableError } from './psp-unreachable.error.js';
@@ -46,6 +47,12 @@ export type PspCallResult<T> =
  * whatever stands in its way) that sends more must not make us buffer it. More is an answer we cannot read.
  */
 export const MAX_RESPONSE_BYTES = 1024 * 1024;
+
+/** Whom a write is for: the API client, and the source its charge was made with (a refund inherits the charge's). */
+export interface WriteOrigin {
+  clientId: string;
+  source: string;
+}
 
 /** What a lookup must find in each record, or the answer is not about our payment (refund): ambiguous. */
 export type RecordCheck<T> = (record: T) => string | undefined;
@@ -86,10 +93,12 @@ type CallEnd =
  * in either and should stop both; one breaker sees all write traffic and opens sooner, and the
  * payments module can check `chargeBreakerOpen()` before reserving a refund as it does before a
  * charge. Lookups have their own, so the reconciler can still ask while writes are failing.
+ * A write with one of the sandbox's fault tokens has a breaker of its client's own instead (`writesBreaker`).
  */
 export class PspClient {
   private readonly logger = new Logger('PspClient');
   private readonly writes: PspBreaker;
+  private readonly testTokenWrites: ClientBreakers;
   private readonly lookups: PspBreaker;
   /**
    * Cooperative: the timeout aborts the attempt's signal, the request rejects (connect, headers or body)
@@ -108,8 +117,12 @@ export class PspClient {
       if (!Number.isSafeInteger(options[name]) || options[name] < 1)
         throw new RangeError(`PspClient: ${name} must be a positive integer, got ${options[name]}`);
     }
+    // Sent as a header value on every attempt: a key that cannot be one would fail every call at the first.
+    if (!/^[\x21-\x7e]+$/.test(options.apiKey)) throw new TypeError('PspClient: apiKey must be visible ASCII characters without spaces');
     this.writes = new PspBreaker('charges', options.breakerHalfOpenMs, options.breakerThreshold);
     this.lookups = new PspBreaker('lookups', options.breakerHalfOpenMs, options.breakerThreshold);
+    // Not watched by the psp_breaker_state gauge: it shows the provider's state, and these show clients' choices.
+    this.testTokenWrites = new ClientBreakers('charges', options.breakerHalfOpenMs, options.breakerThreshold);
     metrics.watch(this.writes);
     metrics.watch(this.lookups);
     this.timeout = timeout(options.timeoutMs, TimeoutStrategy.Cooperative);
@@ -119,21 +132,33 @@ export class PspClient {
     });
   }
 
-  /** True when the charge breaker is open right now: the caller answers 503 provider-unavailable before writing anything. */
-  chargeBreakerOpen(): BreakerCheck {
-    return this.writes.check();
+  /**
+   * True when the breaker of a charge or refund for `origin` is open right now: the caller answers 503
+   * provider-unavailable before writing anything.
+   */
+  chargeBreakerOpen(origin: WriteOrigin): BreakerCheck {
+    return this.writesBreaker(origin).check();
   }
 
   /**
    * `deadline` (monotonic ms, monotonicNow()): no attempt starts, and no Retry-After is waited out, that
    * would end after it. An answer whose amount, currency or ids differ from the request is not a success.
+   * `clientId`: the API client it is for, which picks its breaker with `body.source`.
    */
-  createCharge(body: ChargeRequest, outboundKey: string, deadline: number): Promise<PspCallResult<PspCharge>> {
-    return this.write('charge', '/charges', body, outboundKey, deadline, isPspCharge, (c) => chargeMismatch(c, body));
+  createCharge(body: ChargeRequest, outboundKey: string, deadline: number, clientId: string): Promise<PspCallResult<PspCharge>> {
+    const breaker = this.writesBreaker({ clientId, source: body.source });
+    return this.write('charge', '/charges', body, outboundKey, deadline, breaker, isPspCharge, (c) => chargeMismatch(c, body));
   }
 
-  createRefund(body: RefundRequest, outboundKey: string, deadline: number): Promise<PspCallResult<PspRefund>> {
-    return this.write('refund', '/refunds', body, outboundKey, deadline, isPspRefund, (r) => refundMismatch(r, body));
+  createRefund(body: RefundRequest, outboundKey: string, deadline: number, origin: WriteOrigin): Promise<PspCallResult<PspRefund>> {
+    const breaker = this.writesBreaker(origin);
+    return this.write('refund', '/refunds', body, outboundKey, deadline, breaker, isPspRefund, (r) => refundMismatch(r, body));
+  }
+
+  private writesBreaker(origin: WriteOrigin): PspBreaker {
+    // A call with one of the sandbox's fault tokens (tok_unavailable, tok_lost, …) counts against its client's own breaker:
+    // that outage is the client's choice. Every other call counts against the shared one: a provider's failures are everybody's.
+    return simulatesFault(origin.source) ? this.testTokenWrites.of(origin.clientId) : this.writes;
   }
 
   /**
@@ -166,6 +191,7 @@ export class PspClient {
     body: ChargeRequest | RefundRequest,
     outboundKey: string,
     deadline: number,
+    breaker: PspBreaker,
     isRecord: (v: unknown) => v is T,
     check: RecordCheck<T>,
   ): Promise<PspCallResult<T>> {
@@ -174,7 +200,7 @@ export class PspClient {
     // An epoch-ms deadline (Date.now() + …) would be decades away on the monotonic clock: no deadline at all.
     if (!Number.isFinite(deadline) || deadline > monotonicNow() + 86_400_000)
       throw new TypeError(`PspClient.${operation}: deadline must be monotonic milliseconds (monotonicNow() + ms)`);
-    const end = await this.call(this.writes, deadline, {
+    const end = await this.call(breaker, deadline, {
       operation,
       method: 'POST',
       url: this.url(path),
@@ -368,7 +394,7 @@ export class PspClient {
     const started = monotonicNow();
     let result: AttemptResult;
     try {
-      const headers: Record<string, string> = { accept: 'application/json' };
+      const headers: Record<string, string> = { accept: 'application/json', authorization: `Bearer ${this.options.apiKey}` };
       if (request.body !== undefined) headers['content-type'] = 'application/json';
       if (request.outboundKey) headers['idempotency-key'] = request.outboundKey;
       // undici's request rather than the global fetch: the same client without WHATWG streams and Request/Response objects,

@@ -1,20 +1,23 @@
 /**
  * Swagger UI as a person uses it: Authorize with an API key, "Try it out" on POST /orders with an
- * Idempotency-Key, Execute twice; then pay that order with tok_visa, Execute twice. Runs in Debian's
- * Chromium (`npm run test:browser`; .ci/run installs it), never a downloaded browser. A failing
- * test leaves screenshots (the whole page, and the viewport) in a temp folder named in the error.
+ * Idempotency-Key, Execute twice; then pay that order with tok_visa, Execute twice, and find its one charge
+ * in the sandbox's ledger once the provider key is authorized too. Runs in Debian's Chromium
+ * (`npm run test:browser`; .ci/run installs it), never a downloaded browser. A failing test leaves
+ * screenshots (the whole page, and the viewport) in a temp folder named in the error.
  */
 import { randomUUID } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type Browser, chromium, type Page } from 'playwright-core';
-import { ALICE, startTestApp, type TestApp } from '../support/test-app';
+import { ALICE, PSP_KEY, startTestApp, type TestApp } from '../support/test-app';
 
 const CREATE = '#operations-orders-createOrder';
 const GET_ORDER = '#operations-orders-getOrder';
 // Swagger UI's id is #operations-<tag>-<operationId>.
 const PAY = '#operations-payments-payOrder';
+// The sandbox's tag has a slash and parentheses: matched by the id's end.
+const PSP_CHARGES = '[id$="-pspListCharges"]';
 // On a loaded machine a page load or an Execute can take tens of seconds. Each browser step may wait
 // up to STEP_MS (a step that times out throws inside the test, so the screenshot is taken), and a
 // whole test up to TEST_MS, more than the steps of one test need even when several are slow.
@@ -121,7 +124,7 @@ describe('Swagger UI', () => {
   );
 
   it(
-    'pays an order with tok_visa from "Try it out", and a second Execute replays the payment without a second charge',
+    'pays an order with tok_visa from "Try it out", a second Execute replays it, and the ledger (with the provider key) shows one charge',
     async () => {
       await withScreenshotOnFailure('pay-order', async () => {
         await openAuthorized();
@@ -165,6 +168,20 @@ describe('Swagger UI', () => {
         expect(charges.rows[0].n).toBe(1);
         const keys = await t.db.query(`SELECT count(*)::int AS n FROM idempotency_keys WHERE key = $1`, [payKey]);
         expect(keys.rows[0].n).toBe(1);
+
+        // The provider's ledger from "Try it out": refused (401) until the sandbox's own key is authorized beside the API key.
+        await page.click(PSP_CHARGES);
+        await page.click(`${PSP_CHARGES} button.try-out__btn`);
+        await page.fill(`${PSP_CHARGES} tr[data-param-name="paymentId"] input`, paymentId!);
+        expect((await execute(PSP_CHARGES)).status).toBe('401');
+        await page.click('button.authorize');
+        const providerKey = page.locator('.auth-container', { hasText: 'providerKey' });
+        await providerKey.locator('input').fill(PSP_KEY);
+        await providerKey.locator('button.authorize').click();
+        await page.click('button.btn-done');
+        const ledger = await execute(PSP_CHARGES);
+        expect(ledger.status).toBe('200');
+        expect(ledger.description).toContain(`"paymentId": "${paymentId}"`);
       });
     },
     TEST_MS,

@@ -729,6 +729,20 @@ export interface components {
              */
             detail: string;
         };
+        /** @description The problem of type urn:idempotent-orders:problem:unauthorized (Unauthorized). */
+        UnauthorizedProblem: {
+            /**
+             * @description This problem type.
+             * @enum {string}
+             */
+            type: "urn:idempotent-orders:problem:unauthorized";
+            /** @description A short summary for people; the same for every occurrence of the type. */
+            title: string;
+            /** @description The HTTP status code. */
+            status: number;
+            /** @description What went wrong this time, for people. */
+            detail?: string;
+        };
         /** @description The problem of type urn:idempotent-orders:problem:psp-unknown-source (Unknown payment source). */
         PspUnknownSourceProblem: {
             /**
@@ -916,20 +930,6 @@ export interface components {
              * @enum {string}
              */
             orderEventsRelay: "off" | "connected" | "disconnected";
-        };
-        /** @description The problem of type urn:idempotent-orders:problem:unauthorized (Unauthorized). */
-        UnauthorizedProblem: {
-            /**
-             * @description This problem type.
-             * @enum {string}
-             */
-            type: "urn:idempotent-orders:problem:unauthorized";
-            /** @description A short summary for people; the same for every occurrence of the type. */
-            title: string;
-            /** @description The HTTP status code. */
-            status: number;
-            /** @description What went wrong this time, for people. */
-            detail?: string;
         };
         /** @description The problem of type urn:idempotent-orders:problem:too-many-failed-authentications (Too Many Failed Authentications). */
         TooManyFailedAuthenticationsProblem: {
@@ -3021,6 +3021,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
+            /** @description No provider key, or another one (a client's API key is not it). Nothing read or recorded. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The provider key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
             /** @description The body is larger than the limit (64 KiB). */
             413: {
                 headers: {
@@ -3099,6 +3116,23 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["PspUnknownSourceProblem"] | components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
+            /** @description No provider key, or another one (a client's API key is not it). Nothing read or recorded. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The provider key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
                 };
             };
             /** @description The card was declined (tok_chargeDeclined). Recorded: a retry of the key gets this again. */
@@ -3230,6 +3264,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
                 };
             };
+            /** @description No provider key, or another one (a client's API key is not it). Nothing read or recorded. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The provider key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
+                };
+            };
             /** @description The body is larger than the limit (64 KiB). */
             413: {
                 headers: {
@@ -3306,6 +3357,23 @@ export interface operations {
                 };
                 content: {
                     "application/problem+json": components["schemas"]["ValidationFailedProblem"] | components["schemas"]["IdempotencyKeyMissingProblem"] | components["schemas"]["IdempotencyKeyMalformedProblem"] | components["schemas"]["HttpStatusProblem"] | components["schemas"]["InvalidJsonBodyProblem"];
+                };
+            };
+            /** @description No provider key, or another one (a client's API key is not it). Nothing read or recorded. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "urn:idempotent-orders:problem:unauthorized",
+                     *       "title": "Unauthorized",
+                     *       "status": 401,
+                     *       "detail": "The provider key is not valid."
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["UnauthorizedProblem"];
                 };
             };
             /** @description The refund was declined (a charge made with tok_refundDeclined). Recorded: a retry of the key gets this again. */

@@ -80,7 +80,7 @@ export class FaultPath {
     }
     if (req.method === 'POST') this.delivered.set(path, (this.delivered.get(path) ?? 0) + 1);
     const headers: Record<string, string> = {};
-    for (const name of ['content-type', 'accept', 'idempotency-key'])
+    for (const name of ['content-type', 'accept', 'idempotency-key', 'authorization'])
       if (typeof req.headers[name] === 'string') headers[name] = req.headers[name];
     const answer = await fetch(this.target + req.url, {
       method: req.method,

@@ -74,7 +74,7 @@ export class LatePath {
       }
     }
     const headers: Record<string, string> = {};
-    for (const name of ['content-type', 'accept', 'idempotency-key'])
+    for (const name of ['content-type', 'accept', 'idempotency-key', 'authorization'])
       if (typeof req.headers[name] === 'string') headers[name] = req.headers[name];
     const answer = await fetch(this.target + req.url, {
       method: req.method,

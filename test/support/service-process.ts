@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { resolve } from 'node:path';
+import { PSP_KEY } from './test-app';
 import { throughPooler } from './test-run';
 
 const MAIN = resolve(process.cwd(), 'dist/src/main.js');
@@ -39,6 +40,8 @@ export async function startServiceProcess(
       PORT: '0',
       LOG_LEVEL: 'warn',
       PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+      // Likewise for PSP_API_KEY: the test apps' key, so that a sandbox process and a service on either side agree.
+      PSP_API_KEY: PSP_KEY,
       // On a real database the in-process sandbox must be asked for; a test that names a provider does not.
       ...(env.PSP_BASE_URL || !env.DATABASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),
       // As in test-app.ts: no slow path to the sandbox unless a test puts one there (and sets this).
@@ -89,7 +92,7 @@ export async function runServiceToExit(
   { cwd, main = MAIN, deadlineMs = START_DEADLINE_MS }: { cwd?: string; main?: string; deadlineMs?: number } = {},
 ): Promise<{ code: number | null; output: string }> {
   const child = spawn(process.execPath, [main], {
-    env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, ...env },
+    env: { PATH: process.env.PATH ?? '', PSP_WEBHOOK_SECRET: WEBHOOK_SECRET, PSP_API_KEY: PSP_KEY, ...env },
     cwd,
     stdio: ['ignore', 'pipe', 'pipe'],
   });

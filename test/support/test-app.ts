@@ -11,6 +11,12 @@ export const BOB = { clientId: 'bob', secret: 'bob-secret-0123456789' };
 export const bearer = (client: { secret: string }) => `Bearer ${client.secret}`;
 /** The webhook secret of every test app (required with DATABASE_URL): whsec_ + base64 of 32 bytes. */
 export const WEBHOOK_SECRET = `whsec_${Buffer.from('test-app-webhook-secret-32-bytes').toString('base64')}`;
+/**
+ * The provider's secret key of every test app and test sandbox (required with DATABASE_URL): the in-process sandbox
+ * takes it, the service's client sends it. A test that calls /psp itself sends PSP_AUTH.
+ */
+export const PSP_KEY = 'sk_test_test-app-provider-key-0123456789';
+export const PSP_AUTH = `Bearer ${PSP_KEY}`;
 
 function env(name: string): string {
   const value = process.env[name];
@@ -94,6 +100,7 @@ export function testConfig(url: string, env: Record<string, string> = {}): AppCo
     DATABASE_URL: url,
     API_KEYS: `${ALICE.clientId}:${ALICE.secret},${BOB.clientId}:${BOB.secret}`,
     PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
+    PSP_API_KEY: PSP_KEY,
     LOG_LEVEL: 'silent',
     // The sandbox is mounted on a real database only when asked for: every test app asks, unless it names a provider.
     ...(env.PSP_BASE_URL ? {} : { PSP_SANDBOX: 'in-process' }),

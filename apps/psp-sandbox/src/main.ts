@@ -1,7 +1,8 @@
 /**
  * `npm run psp`: the sandbox provider alone, as its own process — a stand-in for a remote provider.
- * Point the service at it with PSP_BASE_URL=http://localhost:4000/psp.
+ * Point the service at it with PSP_BASE_URL=http://localhost:4000/psp and the same PSP_API_KEY.
  *   PSP_PORT (4000) · DATABASE_URL (unset → an embedded PostgreSQL of its own) · PSP_TIMEOUT_MS (2000)
+ *   PSP_API_KEY (the key every request must carry; unset → the published dev key, refused with DATABASE_URL)
  *   PSP_WEBHOOK_URL (the service's /webhooks/psp, e.g. http://localhost:3000/webhooks/psp; unset or none: no delivery)
  *   PSP_WEBHOOK_SECRET (the service's) · PSP_WEBHOOK_DUPLICATES (false)
  */
@@ -51,6 +52,7 @@ async function bootstrap(): Promise<void> {
     imports: [
       PspSandboxModule.forRoot({
         databaseUrl: database.url,
+        apiKey: config.apiKey,
         timeoutMs: config.timeoutMs,
         webhooks: { delivery, duplicates: config.webhookDuplicates, secret: config.webhookSecret },
       }),
@@ -71,7 +73,12 @@ async function bootstrap(): Promise<void> {
       `psp-sandbox (dev/test only) listening on http://localhost:${bound}/psp`,
       `  database: ${database.embedded ? `embedded PostgreSQL in ${config.embeddedPgDir}` : 'DATABASE_URL'}` +
         (applied.length ? `, applied ${applied.join(', ')}` : ', schema up to date'),
-      `  point the service at it: PSP_BASE_URL=http://localhost:${bound}/psp`,
+      `  point the service at it: PSP_BASE_URL=http://localhost:${bound}/psp, with the same PSP_API_KEY`,
+      ...(config.usingDevApiKey
+        ? [
+            `  dev provider key for /psp: ${config.apiKey} (PSP_API_KEY unset; a service with PSP_BASE_URL refuses it: set a key of your own on both)`,
+          ]
+        : []),
       delivery.to === 'url'
         ? `  webhooks to ${delivery.url}${config.webhookDuplicates ? ' (every event twice)' : ''}`
         : "  webhooks: not delivered (set PSP_WEBHOOK_URL to the service's /webhooks/psp and PSP_WEBHOOK_SECRET to its secret); queued in psp.webhook_outbox",

@@ -10,6 +10,10 @@ export const pspUnavailable = () =>
     'The provider could not process the request; nothing was recorded. Retry with the same Idempotency-Key.',
   );
 
+/** No key, or not the provider's: nothing is read or recorded. The type is the service's own 401's. */
+export const providerKeyRefused = (detail: string) =>
+  ProblemException.of(401, 'unauthorized', 'Unauthorized', detail, {}, { 'WWW-Authenticate': 'Bearer' });
+
 export const unknownSource = (source: string) =>
   ProblemException.of(
     400,
@@ -83,6 +87,16 @@ const KEY_MALFORMED: ProblemExample = {
 
 /** For the OpenAPI document. */
 export const PSP_PROBLEMS = {
+  unauthorized: {
+    status: 401,
+    description: "No provider key, or another one (a client's API key is not it). Nothing read or recorded.",
+    example: {
+      type: 'urn:idempotent-orders:problem:unauthorized',
+      title: 'Unauthorized',
+      status: 401,
+      detail: 'The provider key is not valid.',
+    },
+  },
   unknownSource: {
     status: 400,
     description: 'An unknown test token. Nothing recorded.',

@@ -1,4 +1,4 @@
-import { Body, Controller, Get, Headers, HttpCode, Post, Query, Res } from '@nestjs/common';
+import { Body, Controller, Get, Headers, HttpCode, Post, Query, Res, UseGuards } from '@nestjs/common';
 import {
   ApiCreatedResponse,
   ApiExtraModels,
@@ -18,8 +18,10 @@ import { FindRefundsQuery } from './dto/find-refunds.query.js';
 import { PspChargeList, PspChargeView } from './dto/psp-charge.view.js';
 import { PspRefundList, PspRefundView } from './dto/psp-refund.view.js';
 import { AnswerDelays } from './answer-delays.js';
+import { ProviderKeyGuard } from './provider-key.guard.js';
 import { keyMissing, lookupNeedsFilter, PSP_PROBLEMS } from './psp-problems.js';
 import { type ProviderAnswer, PspSandboxService } from './psp-sandbox.service.js';
+import { DEV_PSP_API_KEY } from './sandbox-config.js';
 import { ApiProblems, problemType, Public } from '#service-kit';
 
 /** The sandbox's tag in the OpenAPI document (declare it with this description beside the others). */
@@ -27,8 +29,26 @@ export const PSP_SANDBOX_TAG = {
   name: 'psp-sandbox (dev/test only)',
   description:
     'A payment-provider stand-in, mounted in-process when PSP_BASE_URL is unset (or run alone with `npm run psp`). ' +
-    'Its own schema, pool and Idempotency-Key handling; no API key. Never expose it in production.',
+    "Its own schema, pool and Idempotency-Key handling, and its own secret key (PSP_API_KEY), not a client's API key. " +
+    'Never expose it in production.',
 };
+
+/** The name of the provider key's security scheme in the OpenAPI document; declare it with PROVIDER_KEY_SECURITY_SCHEME. */
+export const PROVIDER_KEY_SCHEME = 'providerKey';
+
+/** The provider key's security scheme, for DocumentBuilder.addBearerAuth(…, PROVIDER_KEY_SCHEME). */
+export const PROVIDER_KEY_SECURITY_SCHEME = {
+  type: 'http' as const,
+  scheme: 'bearer',
+  bearerFormat: 'provider key',
+  description:
+    "The sandbox provider's secret key (PSP_API_KEY), which the service's payment client sends as a merchant does; not a client's API key. " +
+    '`npm start` on the embedded database without PSP_API_KEY uses the published dev key and prints it at start-up: ' +
+    `\`${DEV_PSP_API_KEY}\` (refused whenever DATABASE_URL or PSP_BASE_URL is set, or NODE_ENV=production).`,
+};
+
+/** What every /psp operation documents: the provider key, instead of the document's default (a client's API key). */
+const PROVIDER_KEY_REQUIRED = [{ [PROVIDER_KEY_SCHEME]: [] }];
 
 const IDEMPOTENCY_KEY = ApiHeader({
   name: 'Idempotency-Key',
@@ -61,12 +81,13 @@ function clientGone(res: Response): AbortSignal {
 }
 
 /**
- * The sandbox payment provider (docs/contract.md#sandbox-provider). Public: a provider authenticates
- * its merchant, not our API clients, and the service's Idempotency-Key interceptor is inert here
- * (no @Idempotent()): the provider keeps its own keys, in its own schema.
+ * The sandbox payment provider (docs/contract.md#sandbox-provider). Public to the service's API-key guard: a provider
+ * authenticates its merchant (ProviderKeyGuard, the provider's secret key), not our API clients. The service's
+ * Idempotency-Key interceptor is inert here (no @Idempotent()): the provider keeps its own keys, in its own schema.
  */
 @ApiTags(PSP_SANDBOX_TAG.name)
 @Public()
+@UseGuards(ProviderKeyGuard)
 @Controller('psp')
 export class PspSandboxController {
   constructor(
@@ -85,7 +106,7 @@ export class PspSandboxController {
       'per key after 3 × PSP_TIMEOUT_MS; tok_lost records but every answer comes after 3 × PSP_TIMEOUT_MS; tok_unavailable → 503 always; ' +
       'tok_slow answers after PSP_TIMEOUT_MS / 2; tok_processing records nothing for PSP_TIMEOUT_MS / 2, then records and answers at once. ' +
       'Any other source → 400.',
-    security: [],
+    security: PROVIDER_KEY_REQUIRED,
   })
   @IDEMPOTENCY_KEY
   @ApiCreatedResponse({ type: PspChargeView, description: 'The charge succeeded.', headers: REPLAYED })
@@ -111,6 +132,7 @@ export class PspSandboxController {
     },
   })
   @ApiProblems(
+    PSP_PROBLEMS.unauthorized,
     PSP_PROBLEMS.unknownSource,
     PSP_PROBLEMS.invalid,
     PSP_PROBLEMS.keyMissing,
@@ -133,10 +155,13 @@ export class PspSandboxController {
     summary: 'Find charges by orderId or paymentId',
     description:
       'Reads what was recorded, at once (never delayed by a test token): how a client finds out what happened to a charge whose answer it never got.',
-    security: [],
+    security: PROVIDER_KEY_REQUIRED,
   })
   @ApiOkResponse({ type: PspChargeList })
-  @ApiProblems({ ...PSP_PROBLEMS.invalid, description: 'Neither orderId nor paymentId given, or one is not a UUID.' })
+  @ApiProblems(PSP_PROBLEMS.unauthorized, {
+    ...PSP_PROBLEMS.invalid,
+    description: 'Neither orderId nor paymentId given, or one is not a UUID.',
+  })
   async findCharges(@Query() query: FindChargesQuery): Promise<PspChargeList> {
     if (!query.orderId && !query.paymentId) throw lookupNeedsFilter(['orderId', 'paymentId']);
     return { items: await this.sandbox.findCharges(query) };
@@ -149,7 +174,7 @@ export class PspSandboxController {
     description:
       'Reserves the amount with one conditional UPDATE, so refunds in parallel never exceed the charge, and records the refund and its answer ' +
       "in one transaction. A refund inherits its charge's test token: its faults and delays, and tok_refundDeclined → 402 (recorded).",
-    security: [],
+    security: PROVIDER_KEY_REQUIRED,
   })
   @IDEMPOTENCY_KEY
   @ApiCreatedResponse({ type: PspRefundView, description: 'The refund succeeded.', headers: REPLAYED })
@@ -174,6 +199,7 @@ export class PspSandboxController {
     },
   })
   @ApiProblems(
+    PSP_PROBLEMS.unauthorized,
     PSP_PROBLEMS.invalid,
     PSP_PROBLEMS.keyMissing,
     PSP_PROBLEMS.keyMalformed,
@@ -198,10 +224,13 @@ export class PspSandboxController {
     operationId: 'pspListRefunds',
     summary: 'Find refunds by chargeId or refundId',
     description: 'Reads what was recorded, at once (never delayed by a test token).',
-    security: [],
+    security: PROVIDER_KEY_REQUIRED,
   })
   @ApiOkResponse({ type: PspRefundList })
-  @ApiProblems({ ...PSP_PROBLEMS.invalid, description: 'Neither chargeId nor refundId given, or one is malformed.' })
+  @ApiProblems(PSP_PROBLEMS.unauthorized, {
+    ...PSP_PROBLEMS.invalid,
+    description: 'Neither chargeId nor refundId given, or one is malformed.',
+  })
   async findRefunds(@Query() query: FindRefundsQuery): Promise<PspRefundList> {
     if (!query.chargeId && !query.refundId) throw lookupNeedsFilter(['chargeId', 'refundId']);
     return { items: await this.sandbox.findRefunds(query) };

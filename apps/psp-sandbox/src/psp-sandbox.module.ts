@@ -1,5 +1,6 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { AnswerDelays } from './answer-delays.js';
+import { ProviderKeyGuard } from './provider-key.guard.js';
 import { PspSandboxController } from './psp-sandbox.controller.js';
 import { PspSandboxService } from './psp-sandbox.service.js';
 import { SandboxDatabase } from './sandbox-database.js';
@@ -20,6 +21,7 @@ export class PspSandboxModule {
       controllers: [PspSandboxController],
       providers: [
         { provide: SANDBOX_OPTIONS, useValue: options },
+        ProviderKeyGuard,
         SandboxDatabase,
         AnswerDelays,
         PspSandboxService,

@@ -11,12 +11,22 @@ export interface SandboxConfig extends EmbeddedDatabaseSettings {
   webhookDelivery: SandboxWebhookDelivery;
   webhookSecret: string;
   webhookDuplicates: boolean;
+  /** PSP_API_KEY: the secret key every request must carry. */
+  apiKey: string;
+  /** True when PSP_API_KEY was not given and the published dev key is in use (its own embedded database only). */
+  usingDevApiKey: boolean;
 }
 
 type Env = Record<string, string | undefined>;
 
 /** The sandbox's webhook secret when none is given (the service's dev default): published, so refused with DATABASE_URL. */
 export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmdlISE=';
+
+/** The provider key when none is given (the service's dev default): published, so refused with DATABASE_URL. */
+export const DEV_PSP_API_KEY = 'sk_test_dev-only-psp-key-change-me';
+
+/** A key a client can send as a bearer token: visible ASCII without spaces, long enough not to be guessed. */
+const PROVIDER_KEY_FORMAT = /^[\x21-\x7e]{16,512}$/;
 
 export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
   const problems: ConfigError[] = [];
@@ -76,6 +86,16 @@ export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
     );
   }
 
+  const rawKey = env.PSP_API_KEY?.trim() || undefined;
+  let apiKey = rawKey ?? DEV_PSP_API_KEY;
+  if (!PROVIDER_KEY_FORMAT.test(apiKey)) {
+    // Never printed: a malformed key may be the real one with a typo.
+    apiKey = invalid('PSP_API_KEY', 'must be 16 to 512 visible characters without spaces', '***', DEV_PSP_API_KEY);
+  } else if (databaseUrl && apiKey === DEV_PSP_API_KEY) {
+    // Beside a real database, a published key would let anyone charge, or fail, whatever payment they name.
+    invalid('PSP_API_KEY', 'is required when DATABASE_URL is set, and must not be the published dev key', rawKey ? '***' : '', undefined);
+  }
+
   const rawDuplicates = env.PSP_WEBHOOK_DUPLICATES;
   let webhookDuplicates = false;
   if (rawDuplicates !== undefined && rawDuplicates !== '') {
@@ -94,6 +114,8 @@ export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
     webhookDelivery,
     webhookSecret,
     webhookDuplicates,
+    apiKey,
+    usingDevApiKey: !rawKey,
   };
   if (problems.length) throw ConfigError.of(problems);
   return config;

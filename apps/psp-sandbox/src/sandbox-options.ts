@@ -15,6 +15,8 @@ export interface SandboxWebhookOptions {
 export interface SandboxOptions {
   /** The service's database; the sandbox keeps to its `psp` schema, through its own pool. */
   databaseUrl: string;
+  /** PSP_API_KEY: the secret key every /psp request must carry (`Authorization: Bearer <key>`), as a merchant's. */
+  apiKey: string;
   /** The client's per-attempt timeout (PSP_TIMEOUT_MS): the slow tokens' delays are multiples of it. */
   timeoutMs: number;
   webhooks: SandboxWebhookOptions;

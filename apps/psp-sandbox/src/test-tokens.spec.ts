@@ -1,4 +1,4 @@
-import { answerDelayMs, processingDelayMs, testToken } from './test-tokens.js';
+import { answerDelayMs, processingDelayMs, simulatesFault, testToken } from './test-tokens.js';
 
 describe('sandbox test tokens', () => {
   it('holds back answers as docs/contract.md#test-tokens says', () => {
@@ -22,5 +22,11 @@ describe('sandbox test tokens', () => {
     expect(testToken('toString')).toBeUndefined();
     expect(testToken('__proto__')).toBeUndefined();
     expect(testToken('tok_mastercard')).toBeUndefined();
+  });
+
+  it('tells the tokens that simulate a fault or a delay from those that answer at once, and from what it does not know', () => {
+    const faulty = ['tok_flaky', 'tok_timeout', 'tok_lost', 'tok_unavailable', 'tok_slow', 'tok_processing'];
+    expect(faulty.filter(simulatesFault)).toEqual(faulty);
+    expect(['tok_visa', 'tok_chargeDeclined', 'tok_refundDeclined', 'tok_mastercard', 'toString'].filter(simulatesFault)).toEqual([]);
   });
 });

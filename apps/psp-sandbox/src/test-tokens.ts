@@ -42,6 +42,15 @@ export const TEST_TOKENS: Readonly<Record<string, TestToken>> = {
 
 export const TEST_TOKEN_NAMES = Object.keys(TEST_TOKENS);
 
+/**
+ * Whether `source` is a token whose charge (and every refund of it) simulates a provider's fault or delay: the outcome
+ * its caller chose, not the provider's state (src/psp-client counts such calls against the caller's own breaker).
+ */
+export function simulatesFault(source: string): boolean {
+  const token = testToken(source);
+  return token !== undefined && token.fault !== 'none';
+}
+
 /** tok_flaky fails this many attempts per key: enough to make a client retry twice, fewer than PSP_MAX_ATTEMPTS (≥ 3). */
 export const FLAKY_FAILURES = 2;
 
