@@ -180,6 +180,8 @@ export async function startOurs({ databaseUrl, tag = 'ours', env = {} }) {
         .join(','),
       PSP_WEBHOOK_SECRET: `whsec_${Buffer.from(OURS_SECRET).toString('base64')}`,
       PSP_SANDBOX: 'in-process',
+      // On a real database the sandbox's published dev key is refused, as the dev webhook secret is.
+      PSP_API_KEY: 'sk_test_bench-peer-provider-key-0123456789',
       ...env,
     },
     stdio: ['ignore', out, out],

@@ -7,7 +7,17 @@ import { resolve } from 'node:path';
 import { Pool } from 'pg';
 import request from 'supertest';
 import { startRabbitMq, type RabbitMq } from '../support/rabbitmq';
-import { ALICE, BOB, bearer, createTestDatabase, ignoreIdleErrors, startTestApp, type TestApp, WEBHOOK_SECRET } from '../support/test-app';
+import {
+  ALICE,
+  BOB,
+  bearer,
+  createTestDatabase,
+  ignoreIdleErrors,
+  PSP_KEY,
+  startTestApp,
+  type TestApp,
+  WEBHOOK_SECRET,
+} from '../support/test-app';
 
 /**
  * The order events relay against a real RabbitMQ (Debian's rabbitmq-server, started by the harness): what reaches a
@@ -188,6 +198,7 @@ describe('order events relay → RabbitMQ', () => {
         API_KEYS: `${ALICE.clientId}:${ALICE.secret}`,
         PSP_WEBHOOK_SECRET: WEBHOOK_SECRET,
         PSP_SANDBOX: 'in-process',
+        PSP_API_KEY: PSP_KEY,
         LOG_LEVEL: 'error',
         AMQP_URL: broker.url,
         // Its claim hides the row from other relays this long: the second relay sends it again after it.
