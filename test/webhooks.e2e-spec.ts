@@ -600,7 +600,16 @@ describe('webhooks: each provider event applied once, whatever is redelivered', 
           );
         for (let attempts = 2; attempts <= LATE_REFUND_ALERT_ATTEMPTS + 1; attempts++) {
           await t.db.query(`UPDATE late_charge_refunds SET next_attempt_at = now() WHERE id = $1`, [pending.id]);
-          expect(await t.app.get(LateChargeRefunder).attempt(pending.id)).toBe(true);
+          // Due now: this call or the refunder's own tick (every 2 s) claims it, whichever comes first; either is one
+          // attempt (the claim is a conditional UPDATE), so the test waits for that attempt to be recorded.
+          await t.app.get(LateChargeRefunder).attempt(pending.id);
+          await until(
+            () => lateRefunds(p.paymentId),
+            (rows) =>
+              rows[0]?.attempts === attempts &&
+              calls.length === attempts &&
+              alerts().length === (attempts >= LATE_REFUND_ALERT_ATTEMPTS ? 1 : 0),
+          );
           expect(alerts()).toHaveLength(attempts >= LATE_REFUND_ALERT_ATTEMPTS ? 1 : 0);
         }
         expect(await metric('payments_late_charge_refunds_pending', 'state="overdue"')).toBeGreaterThanOrEqual(1);
