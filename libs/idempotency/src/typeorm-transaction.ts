@@ -64,8 +64,11 @@ export interface JoinableTransaction {
   markRollbackOnly(reason: Error): void;
 }
 
-/** Each DataSource's own createQueryRunner, before `attachTransactionJoin` replaced it. */
-const ownCreateQueryRunner = new WeakMap<DataSource, CreateQueryRunner>();
+/**
+ * Each attached DataSource: TypeORM's createQueryRunner bound to it (what the join calls for a runner of its own), and
+ * the instance's own property as it was before (undefined: it had none, its prototype's served), for detaching.
+ */
+const attached = new WeakMap<DataSource, { create: CreateQueryRunner; ownBefore?: PropertyDescriptor }>();
 
 /**
  * Replaces `createQueryRunner` on this one DataSource instance (nothing else: no prototype, no driver): every repository,
@@ -74,21 +77,23 @@ const ownCreateQueryRunner = new WeakMap<DataSource, CreateQueryRunner>();
  * connection of their own otherwise. The how-to page says so on its first screen.
  */
 export function attachTransactionJoin(dataSource: DataSource, joined: () => JoinableTransaction | undefined): void {
-  if (ownCreateQueryRunner.has(dataSource)) throw new Error('This DataSource is already attached to an idempotency layer');
+  if (attached.has(dataSource)) throw new Error('This DataSource is already attached to an idempotency layer');
+  const ownBefore = Object.getOwnPropertyDescriptor(dataSource, 'createQueryRunner');
   const create: CreateQueryRunner = dataSource.createQueryRunner.bind(dataSource);
-  ownCreateQueryRunner.set(dataSource, create);
+  attached.set(dataSource, { create, ownBefore });
   dataSource.createQueryRunner = (replication?: ReplicationMode) => {
     const open = joined();
     return open ? joinedQueryRunner(dataSource, open) : create(replication);
   };
 }
 
-/** Undoes `attachTransactionJoin` (the module's shutdown). */
+/** Undoes `attachTransactionJoin` (the module's shutdown): the instance is left as it was found. */
 export function detachTransactionJoin(dataSource: DataSource): void {
-  const create = ownCreateQueryRunner.get(dataSource);
-  if (!create) return;
-  ownCreateQueryRunner.delete(dataSource);
-  dataSource.createQueryRunner = create;
+  const found = attached.get(dataSource);
+  if (!found) return;
+  attached.delete(dataSource);
+  if (found.ownBefore) Object.defineProperty(dataSource, 'createQueryRunner', found.ownBefore);
+  else delete (dataSource as Partial<Pick<DataSource, 'createQueryRunner'>>).createQueryRunner;
 }
 
 /** The parts of TypeORM's PostgresQueryRunner a joined runner sets (public fields, not writable in the QueryRunner interface). */
@@ -108,7 +113,7 @@ const READ_COMMITTED = 'READ COMMITTED';
  */
 export function joinedQueryRunner(dataSource: DataSource, open: JoinableTransaction): QueryRunner {
   open.assertOpen();
-  const create = ownCreateQueryRunner.get(dataSource) ?? dataSource.createQueryRunner.bind(dataSource);
+  const create = attached.get(dataSource)?.create ?? dataSource.createQueryRunner.bind(dataSource);
   const runner = create('master');
   const fields = runner as unknown as PostgresRunnerFields;
   fields.databaseConnection = open.client;
