@@ -35,7 +35,7 @@ describe('the fulfilment consumer refuses a bad configuration at start-up', () =
       'AMQP_URL must be set (e.g. amqp://guest:guest@127.0.0.1:5672)',
       'PORT must be an integer from 0 to 65535, got "abc"',
       'HOST must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::), got "localhost"',
-      'FULFILMENT_API_TOKEN must be 16 or more visible ASCII characters, no spaces (e.g. openssl rand -hex 16)',
+      'FULFILMENT_API_TOKEN must be 16 to 512 visible ASCII characters, no spaces (e.g. openssl rand -hex 16)',
       'FULFILMENT_PREFETCH must be an integer from 1 to 1000, got "0"',
       'FULFILMENT_MAX_ATTEMPTS must be an integer from 1 to 20, got "21"',
       'FULFILMENT_MARK_RETENTION_HOURS must be an integer from 1 to 8760, got "1.5"',

@@ -1,10 +1,10 @@
 import { Inject, Injectable } from '@nestjs/common';
-import { createHash, timingSafeEqual } from 'node:crypto';
+import { timingSafeEqual } from 'node:crypto';
 import type { FastifyRequest as Request } from 'fastify';
 import { RateLimiterMemory, RateLimiterRes } from 'rate-limiter-flexible';
 import { APP_CONFIG } from '../config/config.module.js';
 import type { AppConfig } from '../config/app-config.js';
-import { ProblemException } from '#service-kit';
+import { bearerToken, ProblemException, secretDigest } from '#service-kit';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -21,7 +21,7 @@ declare module 'fastify' {
 export const FAILED_AUTHENTICATIONS_PER_MINUTE = 20;
 export const FAILED_AUTHENTICATION_BLOCK_SECONDS = 60;
 
-const digest = (value: string) => createHash('sha256').update(value).digest();
+const SEND_A_KEY = 'Send an API key as "Authorization: Bearer <key>".';
 
 function unauthorized(detail: string): ProblemException {
   return ProblemException.of(401, 'unauthorized', 'Unauthorized', detail, {}, { 'WWW-Authenticate': 'Bearer' });
@@ -58,7 +58,7 @@ export class ApiKeys {
   });
 
   constructor(@Inject(APP_CONFIG) config: AppConfig) {
-    this.clients = config.apiClients.map((c) => ({ clientId: c.clientId, digest: digest(c.secret) }));
+    this.clients = config.apiClients.map((c) => ({ clientId: c.clientId, digest: secretDigest(c.secret) }));
   }
 
   /** The client the request's key names; a 401 or 429 ProblemException otherwise. */
@@ -66,10 +66,9 @@ export class ApiKeys {
     const blocked = await this.failures.get(req.ip);
     if (blocked && blocked.consumedPoints > FAILED_AUTHENTICATIONS_PER_MINUTE) throw tooManyFailures(blocked);
     const header = req.headers.authorization;
-    if (!header) throw unauthorized('Send an API key as "Authorization: Bearer <key>".');
-    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
-    // Hashing first gives equal-length buffers, so timingSafeEqual leaks neither content nor length.
-    const presented = match ? digest(match[1]) : undefined;
+    if (!header) throw unauthorized(SEND_A_KEY);
+    const token = bearerToken(header);
+    const presented = token === undefined ? undefined : secretDigest(token);
     let clientId: string | undefined;
     for (const client of this.clients) {
       if (presented && timingSafeEqual(presented, client.digest)) clientId = client.clientId;
@@ -78,6 +77,6 @@ export class ApiKeys {
     await this.failures.consume(req.ip).catch((res: unknown) => {
       throw res instanceof RateLimiterRes ? tooManyFailures(res) : res;
     });
-    throw unauthorized(match ? 'The API key is not valid.' : 'Send an API key as "Authorization: Bearer <key>".');
+    throw unauthorized(token === undefined ? SEND_A_KEY : 'The API key is not valid.');
   }
 }

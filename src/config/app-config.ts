@@ -5,6 +5,7 @@
  */
 import { isIP } from 'node:net';
 import {
+  BEARER_SECRET_FORMAT,
   ConfigError,
   listenHost as readListenHost,
   LOG_LEVEL_NAMES,
@@ -287,7 +288,7 @@ function pspApiKey(env: Env, deployed: string | undefined, production: boolean):
     const problem = `is required when ${deployed}, and must not be the published dev key`;
     return invalid(env, new ConfigError('PSP_API_KEY', problem, raw ? '***' : ''), DEV_PSP_API_KEY);
   }
-  if (!/^[\x21-\x7e]{16,512}$/.test(raw))
+  if (!BEARER_SECRET_FORMAT.test(raw))
     return invalid(env, new ConfigError('PSP_API_KEY', 'must be 16 to 512 visible characters without spaces', '***'), raw);
   if (production && looksHandTyped(raw)) {
     const problem =

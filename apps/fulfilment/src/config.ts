@@ -1,6 +1,7 @@
 import type { LogLevel } from '@nestjs/common';
 import { randomBytes } from 'node:crypto';
 import {
+  BEARER_SECRET_FORMAT,
   listenHost,
   LOG_LEVEL_NAMES,
   type LogLevelName,
@@ -159,9 +160,8 @@ function apiToken(env: Env, production: boolean, problems: string[]): Pick<Fulfi
     // 24 random bytes: 32 characters, well past the production floor the token would have to meet.
     return { apiToken: randomBytes(24).toString('base64url'), apiTokenGenerated: true };
   }
-  // Visible ASCII: it travels in an Authorization header, where a space would end it.
-  if (!/^[\x21-\x7e]{16,}$/.test(raw)) {
-    problems.push(`FULFILMENT_API_TOKEN must be 16 or more visible ASCII characters, no spaces (${GENERATE})`);
+  if (!BEARER_SECRET_FORMAT.test(raw)) {
+    problems.push(`FULFILMENT_API_TOKEN must be 16 to 512 visible ASCII characters, no spaces (${GENERATE})`);
   } else if (production && looksHandTyped(raw)) {
     problems.push(
       `FULFILMENT_API_TOKEN must be generated when NODE_ENV=production: ${MIN_PRODUCTION_SECRET_LENGTH} or more characters, ` +

@@ -1,4 +1,4 @@
-import { ConfigError, type EmbeddedDatabaseSettings } from '#service-kit';
+import { BEARER_SECRET_FORMAT, ConfigError, type EmbeddedDatabaseSettings } from '#service-kit';
 import type { SandboxWebhookDelivery } from './sandbox-options.js';
 
 /**
@@ -24,9 +24,6 @@ export const DEV_WEBHOOK_SECRET = 'whsec_ZGV2LW9ubHktd2ViaG9vay1zZWNyZXQtY2hhbmd
 
 /** The provider key when none is given (the service's dev default): published, so refused with DATABASE_URL. */
 export const DEV_PSP_API_KEY = 'sk_test_dev-only-psp-key-change-me';
-
-/** A key a client can send as a bearer token: visible ASCII without spaces, long enough not to be guessed. */
-const PROVIDER_KEY_FORMAT = /^[\x21-\x7e]{16,512}$/;
 
 export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
   const problems: ConfigError[] = [];
@@ -88,7 +85,7 @@ export function loadSandboxConfig(env: Env = process.env): SandboxConfig {
 
   const rawKey = env.PSP_API_KEY?.trim() || undefined;
   let apiKey = rawKey ?? DEV_PSP_API_KEY;
-  if (!PROVIDER_KEY_FORMAT.test(apiKey)) {
+  if (!BEARER_SECRET_FORMAT.test(apiKey)) {
     // Never printed: a malformed key may be the real one with a typo.
     apiKey = invalid('PSP_API_KEY', 'must be 16 to 512 visible characters without spaces', '***', DEV_PSP_API_KEY);
   } else if (databaseUrl && apiKey === DEV_PSP_API_KEY) {

@@ -54,6 +54,7 @@ export { LOG_LEVEL_NAMES, type LogLevelName, NEST_LOG_LEVELS } from './log-level
 /** A bad environment variable, named in one line (several at once with ConfigError.of). */
 export { ConfigError } from './config-error.js';
 /** HOST's rule (loopback in development, every interface in production), and the banner's words for a bound address. */
+export { BEARER_SECRET_FORMAT, bearerToken, secretDigest } from './bearer-secret.js';
 export { boundTo, browsableHost, listenHost } from './listen-address.js';
 /** The production floor for a secret a person could have typed (API keys, bearer tokens). */
 export { looksHandTyped, MIN_DISTINCT_CHARACTERS, MIN_PRODUCTION_SECRET_LENGTH } from './secret-strength.js';
