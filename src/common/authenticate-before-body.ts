@@ -41,16 +41,16 @@ function guardedRoutes(app: NestFastifyApplication): Set<string> {
  */
 export function authenticateBeforeBody(app: NestFastifyApplication): void {
   const logger = new Logger('ApiKeys');
-  let guarded: Set<string> | undefined;
+  // Resolved on the first request: the controllers are known once the app is initialised.
+  let resolved: { guarded: Set<string>; apiKeys: ApiKeys } | undefined;
   app
     .getHttpAdapter()
     .getInstance()
     .addHook('onRequest', async (req, reply) => {
-      // Filled on the first request: the controllers are known once the app is initialised.
-      guarded ??= guardedRoutes(app);
+      const { guarded, apiKeys } = (resolved ??= { guarded: guardedRoutes(app), apiKeys: app.get(ApiKeys) });
       if (!guarded.has(routeName(req.routeOptions.method as string, req.routeOptions.url ?? ''))) return;
       try {
-        req.clientId = await app.get(ApiKeys).authenticate(req);
+        req.clientId = await apiKeys.authenticate(req);
       } catch (err) {
         if (!(err instanceof ProblemException)) throw err;
         sendProblem(err, req, reply, logger);

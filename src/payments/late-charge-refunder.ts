@@ -122,12 +122,11 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
   async attempt(id: string): Promise<boolean> {
     // The claim is a conditional UPDATE: of two instances (or the webhook and the job), one calls.
     const [row] = await this.db.query<LateRefundRow>(
-      `UPDATE late_charge_refunds
-          SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
-        WHERE id = $1 AND status = 'pending' AND next_attempt_at <= now()
-       RETURNING id, charge_id, payment_id, amount_minor, outbound_key, attempts,
-                 (SELECT client_id FROM payments p WHERE p.id = late_charge_refunds.payment_id) AS client_id,
-                 (SELECT source FROM payments p WHERE p.id = late_charge_refunds.payment_id) AS source`,
+      `UPDATE late_charge_refunds l
+          SET attempts = l.attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
+         FROM payments p
+        WHERE l.id = $1 AND l.status = 'pending' AND l.next_attempt_at <= now() AND p.id = l.payment_id
+       RETURNING l.id, l.charge_id, l.payment_id, l.amount_minor, l.outbound_key, l.attempts, p.client_id, p.source`,
       [id, LATE_REFUND_ATTEMPT_SECONDS],
     );
     if (!row) return false;
