@@ -376,6 +376,49 @@ describe('fulfilment: one effect per order event, through RabbitMQ', () => {
     expect(await health.json()).toEqual({ status: 'ok', database: 'up', broker: 'connected', consumer: 'consuming' });
   }, 120_000);
 
+  it('order.voided (the order lost to a failover): cancels a pending shipment; before a late order.paid it stays cancelled; twice, one mark', async () => {
+    const consumer = await startConsumer();
+    const VOIDED_VERSION = 2_147_483_647;
+    const [paidFirst, voidedFirst, newerShipment] = [randomUUID(), randomUUID(), randomUUID()];
+    const settled = (n: number) =>
+      until(`${n} deliveries settled`, 30_000, async () => {
+        const seen = await outcomes(consumer);
+        return (seen.applied ?? 0) + (seen.duplicate ?? 0) === n;
+      }).catch((err: Error) => {
+        throw new Error(`${err.message}\n${consumer.output().slice(-3000)}`);
+      });
+    publisher.publish(orderEvent('order.paid', paidFirst, 2));
+    publisher.publish(orderEvent('order.paid', newerShipment, 5));
+    await publisher.confirmed();
+    await settled(2);
+
+    // The same voided message twice (a republish); another before its order's paid; one below the shipment's version.
+    const voided = orderEvent('order.voided', paidFirst, VOIDED_VERSION);
+    publisher.publish(voided);
+    publisher.publish(voided);
+    publisher.publish(orderEvent('order.voided', voidedFirst, VOIDED_VERSION));
+    publisher.publish(orderEvent('order.voided', newerShipment, 3));
+    await publisher.confirmed();
+    await settled(6);
+    // The late (redelivered) order.paid of the voided order: no pending shipment comes of it.
+    publisher.publish(orderEvent('order.paid', voidedFirst, 2));
+    await publisher.confirmed();
+    await settled(7);
+
+    expect(await outcomes(consumer)).toEqual({ applied: 6, duplicate: 1 });
+    const { rows } = await db.query<{ order_id: string; status: string; order_version: number }>(
+      `SELECT order_id, status, order_version FROM fulfilment.shipments WHERE order_id = ANY($1::uuid[])`,
+      [[paidFirst, voidedFirst, newerShipment]],
+    );
+    expect(Object.fromEntries(rows.map((r) => [r.order_id, [r.status, r.order_version]]))).toEqual({
+      [paidFirst]: ['cancelled', VOIDED_VERSION],
+      [voidedFirst]: ['cancelled', VOIDED_VERSION],
+      [newerShipment]: ['cancelled', 5],
+    });
+    expect(await count(`SELECT count(*)::int AS n FROM fulfilment.processed_messages WHERE message_id = $1`, [voided.eventId])).toBe(1);
+    await broker.untilQueueDepth(QUEUE, { ready: 0, unacked: 0 });
+  }, 120_000);
+
   /** Empties the dead-letter queue, which earlier tests leave messages in. */
   const purgeDeadLetters = async () => {
     const connection = await connect(broker.url);

@@ -3,7 +3,7 @@
  * JSON, camelCase, `messageId` = `eventId`, `type` = the routing key. Checked whole before anything is written:
  * a message that is not one of these is a failure (retried, then dead-lettered), never half-applied.
  */
-export const ORDER_EVENT_TYPES = ['order.created', 'order.paid', 'order.cancelled', 'order.refunded'] as const;
+export const ORDER_EVENT_TYPES = ['order.created', 'order.paid', 'order.cancelled', 'order.refunded', 'order.voided'] as const;
 export type OrderEventType = (typeof ORDER_EVENT_TYPES)[number];
 
 export interface OrderEvent {

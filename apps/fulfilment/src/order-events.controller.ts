@@ -10,7 +10,7 @@ const MARKS = { consumer: CONSUMER, table: 'fulfilment.processed_messages' };
 
 /**
  * Each order event, once: @IdempotentMessage claims the message id and runs this in one transaction, then acks.
- * One method per type because Nest routes one pattern per handler; all four share the same effect.
+ * One method per type because Nest routes one pattern per handler; all share the one effect (ShipmentsService.apply).
  */
 @Controller()
 export class OrderEventsController {
@@ -42,6 +42,13 @@ export class OrderEventsController {
     return this.apply(data, 'order.refunded');
   }
 
+  /** The order is gone (lost with a database failover after its events left): undo its shipment. */
+  @EventPattern('order.voided')
+  @IdempotentMessage(MARKS)
+  voided(@Payload() data: unknown) {
+    return this.apply(data, 'order.voided');
+  }
+
   private async apply(data: unknown, routedAs: OrderEventType): Promise<void> {
     const event = parseOrderEvent(data);
     // The type routed on (the AMQP `type`) and the body's must agree: which one to believe is not ours to guess.
@@ -50,7 +57,7 @@ export class OrderEventsController {
     if (!changed && event.type !== 'order.created') {
       this.logger.log(
         { eventId: event.eventId, orderId: event.orderId, orderVersion: event.orderVersion },
-        `${event.type} older than the shipment's version: no change`,
+        `${event.type}: no change (older than the shipment's version, or the shipment is cancelled already)`,
       );
     }
   }

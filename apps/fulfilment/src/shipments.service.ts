@@ -14,8 +14,8 @@ export interface Shipment {
 }
 
 /**
- * The effect: one shipment per paid order, cancelled when the order is cancelled or refunded. Each event is one
- * upsert on the business key (the order id) guarded by the order's version: an event older than the last one
+ * The effect: one shipment per paid order, cancelled when the order is cancelled, refunded or voided. Each event is
+ * one upsert on the business key (the order id) guarded by the order's version: an event older than the last one
  * applied changes nothing, whatever order the broker delivers them in. Written through `Database`, so it commits
  * with the message's dedupe mark.
  */
@@ -28,15 +28,17 @@ export class ShipmentsService {
     if (event.type === 'order.created') return false;
     const status = event.type === 'order.paid' ? 'pending' : 'cancelled';
     // A cancelled shipment stays cancelled: cancelled and refunded orders are final in the order's state machine.
+    // order.voided (the order no longer exists) cancels whatever the version; with no shipment yet it writes a
+    // cancelled one, which a late order.paid then cannot turn pending.
     const rows = await this.db.query(
       `INSERT INTO fulfilment.shipments AS s (order_id, client_id, status, total_minor, currency, order_version)
        VALUES ($1, $2, $3, $4, $5, $6)
        ON CONFLICT (order_id) DO UPDATE
          SET status = EXCLUDED.status, total_minor = EXCLUDED.total_minor, currency = EXCLUDED.currency,
-             order_version = EXCLUDED.order_version, updated_at = now()
-         WHERE s.order_version < EXCLUDED.order_version AND s.status <> 'cancelled'
+             order_version = GREATEST(s.order_version, EXCLUDED.order_version), updated_at = now()
+         WHERE (s.order_version < EXCLUDED.order_version OR $7) AND s.status <> 'cancelled'
        RETURNING 1`,
-      [event.orderId, event.clientId, status, event.totalMinor, event.currency, event.orderVersion],
+      [event.orderId, event.clientId, status, event.totalMinor, event.currency, event.orderVersion, event.type === 'order.voided'],
     );
     return rows.length > 0;
   }
