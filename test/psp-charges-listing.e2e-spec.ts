@@ -1,11 +1,12 @@
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
-import type { PspCharge } from '../src/psp-client/psp-client';
+import { monotonicNow } from '@idempotent-orders/idempotency';
+import { PspClient, type PspCharge } from '../src/psp-client/psp-client';
 import { ALICE, bearer, PSP_AUTH, startTestApp, type TestApp } from './support/test-app';
 
 /**
  * The sandbox provider's listing of recent charges (GET /psp/charges?createdAfter=…&startingAfter=…&limit=…), page by
- * page, over real HTTP: what a sweep reads to find charges our database lost.
+ * page, over real HTTP and through the service's own PspClient: what a sweep reads to find charges our database lost.
  * Each case gives its charges the created_at it needs (ties on purpose) with one UPDATE, so no case depends on the
  * clock's resolution; each case's charges come after every earlier case's.
  */
@@ -114,6 +115,31 @@ describe('psp sandbox: listing charges page by page', () => {
 
     expect(await list({ paymentId: older.metadata.paymentId })).toEqual({ items: [older], hasMore: false });
     expect(await list({ orderId: randomUUID() })).toEqual({ items: [], hasMore: false });
+  });
+
+  it("the service's PspClient lists two pages, and gets refused for a cursor that names no charge", async () => {
+    const psp = t.app.get(PspClient);
+    const first = await charge();
+    const placed = await place(first.createdAt, [
+      [await charge(), 1],
+      [await charge(), 2],
+      [await charge(), 3],
+    ]);
+    const createdAfter = new Date(first.createdAt);
+    const deadline = monotonicNow() + 30_000;
+    expect(await psp.listCharges({ createdAfter, limit: 2 }, deadline)).toEqual({
+      kind: 'succeeded',
+      value: { items: placed.slice(0, 2), hasMore: true },
+    });
+    expect(await psp.listCharges({ createdAfter, startingAfter: placed[1].id, limit: 2 }, deadline)).toEqual({
+      kind: 'succeeded',
+      value: { items: placed.slice(2), hasMore: false },
+    });
+    expect(await psp.listCharges({ createdAfter, startingAfter: `ch_${'0'.repeat(24)}` }, deadline)).toEqual({
+      kind: 'refused',
+      status: 400,
+      detail: expect.stringContaining('startingAfter'),
+    });
   });
 
   it('a bad createdAfter, limit or startingAfter, no filter at all, or a listing mixed with a lookup → 400 problem+json naming the field', async () => {
