@@ -80,8 +80,9 @@ describe('npm run migration:show', () => {
 
   it("on a real provider (PSP_BASE_URL), lists the service's migrations and the sandbox's applied ones as not mounted, none pending", async () => {
     const onAProvider = { PSP_BASE_URL: 'http://provider.invalid/' };
-    // Whatever an earlier case left pending: `run` on a real provider applies the service's alone.
-    expect((await migrate('run', database.url, onAProvider)).code).toBe(0);
+    // Whatever an earlier case left pending, the sandbox's included (the last migration may be one of its own): applied
+    // where it is mounted, as a database that once ran it in-process has them all.
+    expect((await migrate('run', database.url)).code).toBe(0);
     const { code, output } = await migrate('show', database.url, onAProvider);
     // Less the newer build's migration the case above added.
     const lines = output

@@ -757,6 +757,27 @@ describe('PspClient lookups', () => {
     expect(stub.requests[0].url).toBe('/psp/charges?paymentId=a%26b%3Dc');
   });
 
+  it("lists a page of charges on the lookups' path; a page with an item that is not a charge, or without hasMore, is unknown", async () => {
+    const page = [chargeItem(randomUUID()), chargeItem(randomUUID())];
+    const answers = [{ items: page, hasMore: true }, { items: [page[0], { id: 'ch_1' }], hasMore: false }, { items: page }];
+    stub.script((_req, res, n) => reply(res, 200, answers[n - 1]));
+    const psp = client();
+    const createdAfter = new Date('2026-11-30T12:00:00.000Z');
+
+    expect(await psp.listCharges({ createdAfter, startingAfter: 'ch_5f0c3e2a1b9d8c7e6f5a4b3c', limit: 2 }, farDeadline())).toEqual({
+      kind: 'succeeded',
+      value: { items: page, hasMore: true },
+    });
+    expect(stub.requests.map((r) => [r.method, r.url])).toEqual([
+      ['GET', '/psp/charges?createdAfter=2026-11-30T12%3A00%3A00.000Z&startingAfter=ch_5f0c3e2a1b9d8c7e6f5a4b3c&limit=2'],
+    ]);
+    for (let i = 0; i < 2; i++)
+      expect(await psp.listCharges({ createdAfter }, farDeadline())).toEqual({ kind: 'unknown', reason: 'HTTP 200 after 1 attempt' });
+    expect(stub.requests[1].url).toBe('/psp/charges?createdAfter=2026-11-30T12%3A00%3A00.000Z');
+    expect(await metricValue('psp_calls_total', { operation: 'list-charges', outcome: 'ok' })).toBe(1);
+    expect(await metricValue('psp_calls_total', { operation: 'list-charges', outcome: 'unreachable' })).toBe(2);
+  });
+
   it('throws PspUnreachableError after every attempt got a 5xx', async () => {
     stub.script((_req, res) => reply(res, 503, problem(503, 'down')));
 

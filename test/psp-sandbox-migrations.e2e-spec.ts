@@ -14,7 +14,9 @@ import { migrations } from '../migrations/index';
 import { ALICE, createTestDatabase, PSP_AUTH } from './support/test-app';
 import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './support/service-process';
 
-const SANDBOX_NAMES = ['PspSandbox1764414500000', 'PspWebhookOutbox1764414800000'];
+/** The two sandbox migrations that were the service's, then those written since it has a list of its own. */
+const MOVED_NAMES = ['PspSandbox1764414500000', 'PspWebhookOutbox1764414800000'];
+const SANDBOX_NAMES = [...MOVED_NAMES, 'PspChargesListing1764415700000'];
 /** migrations/index.ts before the sandbox had a list of its own: the two sandbox migrations among the service's. */
 const OLD_LAYOUT = [
   'Orders1764414000000',
@@ -32,6 +34,8 @@ const OLD_LAYOUT = [
   'OrderEventsOutbox1764415500000',
   'StoredAnswerEncryption1764415600000',
 ];
+/** Both lists today, in the one timestamp order: the old layout, then the sandbox's migrations written since. */
+const LAYOUT = [...OLD_LAYOUT, ...SANDBOX_NAMES.filter((name) => !MOVED_NAMES.includes(name))];
 const NOT_A_PROVIDER = 'http://127.0.0.1:9/psp';
 
 describe("the sandbox provider's own migrations", () => {
@@ -82,14 +86,16 @@ describe("the sandbox provider's own migrations", () => {
   it("a fresh database with the sandbox in-process: the service's migrations and the sandbox's, in timestamp order", async () => {
     const url = await freshDatabase();
     const { output, url: base } = await service(url);
-    expect(output).toContain(`applied ${OLD_LAYOUT.join(', ')}`);
-    expect(await applied(url)).toEqual(OLD_LAYOUT);
+    expect(output).toContain(`applied ${LAYOUT.join(', ')}`);
+    expect(await applied(url)).toEqual(LAYOUT);
     expect(await chargesAnswer(base)).toBe(200);
   });
 
-  it('a database migrated by the old layout: nothing runs again, whether the sandbox is in-process, alone or not mounted', async () => {
+  it("a database migrated by the old layout: none of those runs again, only the sandbox's newer ones, wherever it is mounted", async () => {
     const url = await freshDatabase();
-    const oldList = [...migrations, ...pspSandboxMigrations].sort((a, b) => Number(a.name.slice(-13)) - Number(b.name.slice(-13)));
+    const oldList = [...migrations, ...pspSandboxMigrations]
+      .filter((m) => OLD_LAYOUT.includes(m.name))
+      .sort((a, b) => Number(a.name.slice(-13)) - Number(b.name.slice(-13)));
     expect(oldList.map((m) => m.name)).toEqual(OLD_LAYOUT);
     const dataSource = new DataSource(migrationDataSourceOptions(url, oldList, 'old-layout'));
     await dataSource.initialize();
@@ -101,7 +107,8 @@ describe("the sandbox provider's own migrations", () => {
     expect(await applied(url)).toEqual(OLD_LAYOUT);
 
     const inProcess = await service(url);
-    expect(inProcess.output).toContain('schema up to date');
+    expect(inProcess.output).toContain(`applied ${LAYOUT.slice(OLD_LAYOUT.length).join(', ')}`);
+    expect(await applied(url)).toEqual(LAYOUT);
     expect(await chargesAnswer(inProcess.url)).toBe(200);
     await inProcess.process.kill('SIGTERM');
 
@@ -112,10 +119,10 @@ describe("the sandbox provider's own migrations", () => {
 
     const onAProvider = await service(url, { PSP_BASE_URL: NOT_A_PROVIDER });
     expect(onAProvider.output).toContain('schema up to date');
-    expect(await applied(url)).toEqual(OLD_LAYOUT);
+    expect(await applied(url)).toEqual(LAYOUT);
   });
 
-  it('the sandbox alone on a database of its own (npm run psp): its two migrations and nothing of the service', async () => {
+  it('the sandbox alone on a database of its own (npm run psp): its own migrations and nothing of the service', async () => {
     const url = await freshDatabase();
     const { output, url: base } = await sandboxAlone(url);
     expect(output).toContain(`applied ${SANDBOX_NAMES.join(', ')}`);
@@ -125,7 +132,7 @@ describe("the sandbox provider's own migrations", () => {
     expect(await chargesAnswer(base)).toBe(200);
   });
 
-  it('a service on a real provider gets no psp schema; mounting the sandbox later applies its (older) migrations then', async () => {
+  it('a service on a real provider gets no psp schema; mounting the sandbox later applies its migrations then, older ones included', async () => {
     const url = await freshDatabase();
     const first = await service(url, { PSP_BASE_URL: NOT_A_PROVIDER });
     expect(first.output).toContain(`applied ${migrations.map((m) => m.name).join(', ')}`);
@@ -134,7 +141,7 @@ describe("the sandbox provider's own migrations", () => {
 
     const later = await service(url);
     expect(later.output).toContain(`applied ${SANDBOX_NAMES.join(', ')}`);
-    expect((await applied(url)).sort()).toEqual([...OLD_LAYOUT].sort());
+    expect((await applied(url)).sort()).toEqual([...LAYOUT].sort());
     expect(await chargesAnswer(later.url)).toBe(200);
   });
 });

@@ -1,4 +1,4 @@
-import { describeAttempt, isRetryable, isRetryableStatus, judgeLookup, judgeWrite } from './attempt-result.js';
+import { describeAttempt, isRetryable, isRetryableStatus, judgeLookup, judgeWrite, readListing, readLookup } from './attempt-result.js';
 
 const isRecord = (b: unknown): b is { status: string } =>
   typeof b === 'object' && b !== null && typeof (b as { id?: unknown }).id === 'string';
@@ -35,14 +35,33 @@ describe('judgeWrite', () => {
 });
 
 describe('judgeLookup', () => {
+  const lookup = (body: unknown) => readLookup(body, isRecord);
+
   it('takes an empty list as an answer and an unreadable one as none', () => {
-    expect(judgeLookup(200, { items: [] }, isRecord)).toBe('definitive');
-    expect(judgeLookup(200, { items: [{ id: 'ch_1' }] }, isRecord)).toBe('definitive');
-    expect(judgeLookup(200, { items: [{}] }, isRecord)).toBe('unknown');
-    expect(judgeLookup(200, {}, isRecord)).toBe('unknown');
-    expect(judgeLookup(200, undefined, isRecord)).toBe('unknown');
-    expect(judgeLookup(503, { items: [] }, isRecord)).toBe('unknown');
-    expect(judgeLookup(400, {}, isRecord)).toBe('refused');
+    expect(judgeLookup(200, { items: [] }, lookup)).toBe('definitive');
+    expect(judgeLookup(200, { items: [{ id: 'ch_1' }] }, lookup)).toBe('definitive');
+    expect(judgeLookup(200, { items: [{}] }, lookup)).toBe('unknown');
+    expect(judgeLookup(200, {}, lookup)).toBe('unknown');
+    expect(judgeLookup(200, undefined, lookup)).toBe('unknown');
+    expect(judgeLookup(503, { items: [] }, lookup)).toBe('unknown');
+    expect(judgeLookup(400, {}, lookup)).toBe('refused');
+  });
+});
+
+describe('readLookup and readListing', () => {
+  it('a lookup by id reads its items and never hasMore; a page of a listing must say hasMore', () => {
+    expect(readLookup({ items: [{ id: 'ch_1' }], hasMore: true }, isRecord)).toEqual({ items: [{ id: 'ch_1' }], hasMore: false });
+    expect(readListing({ items: [{ id: 'ch_1' }], hasMore: true }, isRecord)).toEqual({ items: [{ id: 'ch_1' }], hasMore: true });
+    expect(readListing({ items: [], hasMore: false }, isRecord)).toEqual({ items: [], hasMore: false });
+    for (const body of [
+      { items: [] },
+      { items: [], hasMore: 'false' },
+      { items: [{}], hasMore: false },
+      { hasMore: false },
+      null,
+      undefined,
+    ])
+      expect(readListing(body, isRecord)).toBeUndefined();
   });
 });
 

@@ -47,16 +47,30 @@ export function judgeWrite(status: number, body: unknown, isRecord: (body: unkno
   return REFUSED_STATUSES.includes(status) ? 'refused' : 'unknown';
 }
 
-/** A lookup: only a 200 whose every item reads as a record is an answer ("none" is an answer, "unreadable" is not). */
-export function judgeLookup(status: number, body: unknown, isItem: (item: unknown) => boolean): Verdict {
-  if (status === 200) return lookupItems(body, isItem) ? 'definitive' : 'unknown';
+/** What a lookup answers: its records, and whether more follow (a listing's pages; a lookup by id has them all). */
+export interface LookupPage<T> {
+  items: T[];
+  hasMore: boolean;
+}
+
+/** A lookup: only a 200 that `read` can read is an answer ("none" is an answer, "unreadable" is not). */
+export function judgeLookup(status: number, body: unknown, read: (body: unknown) => LookupPage<unknown> | undefined): Verdict {
+  if (status === 200) return read(body) ? 'definitive' : 'unknown';
   return REFUSED_STATUSES.includes(status) ? 'refused' : 'unknown';
 }
 
-export function lookupItems(body: unknown, isItem: (item: unknown) => boolean): unknown[] | undefined {
+/** A lookup by id: `{items}`, every item a record. It answers every match, so hasMore is not read. */
+export function readLookup<T>(body: unknown, isItem: (item: unknown) => item is T): LookupPage<T> | undefined {
   if (typeof body !== 'object' || body === null) return undefined;
   const items = (body as { items?: unknown }).items;
-  return Array.isArray(items) && items.every(isItem) ? items : undefined;
+  return Array.isArray(items) && items.every(isItem) ? { items, hasMore: false } : undefined;
+}
+
+/** A page of a listing: as a lookup's, and hasMore must be there, or where the listing ends cannot be told. */
+export function readListing<T>(body: unknown, isItem: (item: unknown) => item is T): LookupPage<T> | undefined {
+  const page = readLookup(body, isItem);
+  const hasMore = (body as { hasMore?: unknown } | undefined)?.hasMore;
+  return page && typeof hasMore === 'boolean' ? { items: page.items, hasMore } : undefined;
 }
 
 /** For logs and `unknown` reasons: what the attempt ended with. */

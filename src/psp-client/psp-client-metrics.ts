@@ -2,9 +2,9 @@ import { Injectable } from '@nestjs/common';
 import { Counter, Gauge, Registry } from 'prom-client';
 import type { PspBreaker } from './psp-breaker.js';
 
-export type PspOperation = 'charge' | 'refund' | 'lookup-charges' | 'lookup-refunds';
+export type PspOperation = 'charge' | 'refund' | 'lookup-charges' | 'lookup-refunds' | 'list-charges';
 
-/** Outcome of one logical call: the PspCallResult kind for writes; ok / unreachable / breaker-open for lookups. */
+/** Outcome of one logical call: the PspCallResult kind for writes; ok / refused / unknown / unreachable / breaker-open for lookups. */
 export type PspCallOutcome = 'succeeded' | 'declined' | 'refused' | 'unknown' | 'breaker-open' | 'ok' | 'unreachable';
 
 @Injectable()

@@ -15,9 +15,18 @@ import {
 import { request as sendRequest } from 'undici';
 import { monotonicNow } from '@idempotent-orders/idempotency';
 import { simulatesFault } from '#psp-sandbox';
-import { type AttemptResult, describeAttempt, isRetryable, judgeLookup, judgeWrite, lookupItems } from './attempt-result.js';
+import {
+  type AttemptResult,
+  describeAttempt,
+  isRetryable,
+  judgeLookup,
+  judgeWrite,
+  type LookupPage,
+  readListing,
+  readLookup,
+} from './attempt-result.js';
 import { type BreakerCheck, ClientBreakers, PspBreaker } from './psp-breaker.js';
-import { type PspCallOutcome, PspClientMetrics, type PspOperation } from './psp-client-metrics.js';
+import { PspClientMetrics, type PspOperation } from './psp-client-metrics.js';
 import { BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, LOOKUP_BACKOFF_BUDGET_MS, type PspClientOptions } from './psp-client-options.js';
 import { PspUnreachableError } from './psp-unreachable.error.js';
 import {
@@ -36,7 +45,7 @@ export type { ChargeRequest, PspCharge, PspRefund, RefundRequest } from './psp-w
 export { PspUnreachableError } from './psp-unreachable.error.js';
 
 export type PspCallResult<T> =
-  | { kind: 'succeeded'; value: T } // 201 from the provider
+  | { kind: 'succeeded'; value: T } // 201 from the provider (200 to a listing)
   | { kind: 'declined'; value: T } // 402 with a recorded failed charge/refund
   | { kind: 'refused'; status: number; detail: string } // 400/404/422: the provider refused the request itself; nothing recorded there
   | { kind: 'unknown'; reason: string } // timeouts, network errors, 409/429/5xx after every attempt, deadline reached, breaker opened mid-way. MAY have been charged.
@@ -56,6 +65,19 @@ export interface WriteOrigin {
 
 /** What a lookup must find in each record, or the answer is not about our payment (refund): ambiguous. */
 export type RecordCheck<T> = (record: T) => string | undefined;
+
+/** A lookup's end: it is never declined. */
+type LookupResult<T> = Exclude<PspCallResult<LookupPage<T>>, { kind: 'declined' }>;
+
+/** The page of a listing of charges to ask for (GET /charges?createdAfter=…&startingAfter=…&limit=…). */
+export interface ChargesPage {
+  /** Charges created strictly after this instant. */
+  createdAfter: Date;
+  /** The previous page's last id: the page after it. */
+  startingAfter?: string;
+  /** At most this many (the provider's default without it: the sandbox's is 100, its most). */
+  limit?: number;
+}
 
 /** An outbound Idempotency-Key: visible ASCII, as an HTTP header value must be, and short enough for any provider. */
 const OUTBOUND_KEY = /^[\x21-\x7e]{1,255}$/;
@@ -166,22 +188,55 @@ export class PspClient {
    * answer about another payment or amount); [] means it has none.
    */
   findChargesByPayment(paymentId: string, expected: { amountMinor: number; currency: string }): Promise<PspCharge[]> {
-    return this.lookup('lookup-charges', '/charges', { paymentId }, isPspCharge, (c) =>
-      mismatch(
-        [c.metadata.paymentId, paymentId, 'metadata.paymentId'],
-        [c.amountMinor, expected.amountMinor, 'amountMinor'],
-        [c.currency, expected.currency, 'currency'],
-      ),
+    const found = this.lookup(
+      'lookup-charges',
+      '/charges',
+      { paymentId },
+      (body) => readLookup(body, isPspCharge),
+      (c) =>
+        mismatch(
+          [c.metadata.paymentId, paymentId, 'metadata.paymentId'],
+          [c.amountMinor, expected.amountMinor, 'amountMinor'],
+          [c.currency, expected.currency, 'currency'],
+        ),
     );
+    return itemsOrThrow('lookup-charges', found);
   }
 
   findRefundsByRefund(refundId: string, expected: { paymentId: string; amountMinor: number }): Promise<PspRefund[]> {
-    return this.lookup('lookup-refunds', '/refunds', { refundId }, isPspRefund, (r) =>
-      mismatch(
-        [r.metadata.refundId, refundId, 'metadata.refundId'],
-        [r.metadata.paymentId, expected.paymentId, 'metadata.paymentId'],
-        [r.amountMinor, expected.amountMinor, 'amountMinor'],
-      ),
+    const found = this.lookup(
+      'lookup-refunds',
+      '/refunds',
+      { refundId },
+      (body) => readLookup(body, isPspRefund),
+      (r) =>
+        mismatch(
+          [r.metadata.refundId, refundId, 'metadata.refundId'],
+          [r.metadata.paymentId, expected.paymentId, 'metadata.paymentId'],
+          [r.amountMinor, expected.amountMinor, 'amountMinor'],
+        ),
+    );
+    return itemsOrThrow('lookup-refunds', found);
+  }
+
+  /**
+   * One page of the provider's charges created after `page.createdAfter`, in its (createdAt, id) order; while hasMore,
+   * ask for the next with startingAfter = the last item's id. `deadline` as for a write. Unknown when an item is not a
+   * charge or hasMore is missing: a page with a hole in it could hide exactly the charge a sweep looks for.
+   */
+  listCharges(page: ChargesPage, deadline: number): Promise<PspCallResult<{ items: PspCharge[]; hasMore: boolean }>> {
+    assertMonotonic('listCharges', deadline);
+    const query: Record<string, string> = { createdAfter: page.createdAfter.toISOString() };
+    if (page.startingAfter !== undefined) query.startingAfter = page.startingAfter;
+    if (page.limit !== undefined) query.limit = String(page.limit);
+    // Nothing of ours to compare a charge with: finding the ones we do not know is the point.
+    return this.lookup(
+      'list-charges',
+      '/charges',
+      query,
+      (body) => readListing(body, isPspCharge),
+      () => undefined,
+      deadline,
     );
   }
 
@@ -197,9 +252,7 @@ export class PspClient {
   ): Promise<PspCallResult<T>> {
     // Programming errors, not provider outcomes: fail loudly before anything is sent.
     if (!OUTBOUND_KEY.test(outboundKey)) throw new TypeError(`PspClient.${operation}: outboundKey must be 1-255 visible ASCII characters`);
-    // An epoch-ms deadline (Date.now() + …) would be decades away on the monotonic clock: no deadline at all.
-    if (!Number.isFinite(deadline) || deadline > monotonicNow() + 86_400_000)
-      throw new TypeError(`PspClient.${operation}: deadline must be monotonic milliseconds (monotonicNow() + ms)`);
+    assertMonotonic(operation, deadline);
     const end = await this.call(breaker, deadline, {
       operation,
       method: 'POST',
@@ -255,59 +308,65 @@ export class PspClient {
     }
   }
 
+  /** One GET on the lookups breaker, read by `read`, each record checked; every end counted and logged here. */
   private async lookup<T>(
-    operation: 'lookup-charges' | 'lookup-refunds',
+    operation: 'lookup-charges' | 'lookup-refunds' | 'list-charges',
     path: string,
     query: Record<string, string>,
-    isItem: (v: unknown) => v is T,
+    read: (body: unknown) => LookupPage<T> | undefined,
     check: RecordCheck<T>,
-  ): Promise<T[]> {
+    // A lookup by id has no caller deadline: the same budget as the lease check gives a write.
+    deadline = monotonicNow() + this.options.maxAttempts * this.options.timeoutMs + LOOKUP_BACKOFF_BUDGET_MS,
+  ): Promise<LookupResult<T>> {
     const url = new URL(this.url(path));
     for (const [name, value] of Object.entries(query)) url.searchParams.set(name, value);
-    const deadline = monotonicNow() + this.options.maxAttempts * this.options.timeoutMs + LOOKUP_BACKOFF_BUDGET_MS;
     const end = await this.call(this.lookups, deadline, {
       operation,
       method: 'GET',
       url: url.href,
-      judge: (status, parsed) => judgeLookup(status, parsed, isItem),
+      judge: (status, parsed) => judgeLookup(status, parsed, read),
     });
     if (end.kind === 'answered' && end.result.kind === 'response' && end.result.verdict === 'definitive') {
-      const items = lookupItems(end.result.body, isItem) as T[];
-      const disagreement = items.map(check).find((d) => d !== undefined);
+      const page = read(end.result.body)!;
+      const disagreement = page.items.map(check).find((d) => d !== undefined);
       if (disagreement) {
         this.metrics.calls.inc({ operation, outcome: 'unknown' });
         this.logger.error(
           { operation, query, disagreement, alert: true },
           'the provider answered a lookup with a record that is not ours as we know it; treated as no answer',
         );
-        throw new PspUnreachableError(operation, `the answer does not match: ${disagreement}`);
+        return { kind: 'unknown', reason: `the answer does not match: ${disagreement}` };
       }
       this.metrics.calls.inc({ operation, outcome: 'ok' });
-      this.logger.debug({ operation, query, found: items.length }, 'psp lookup answered');
-      return items;
+      this.logger.debug({ operation, query, found: page.items.length }, 'psp lookup answered');
+      return { kind: 'succeeded', value: page };
     }
     if (end.kind === 'answered' && end.result.kind === 'response' && end.result.verdict === 'refused') {
-      // 400/404/422 to a lookup by our own id: our request is wrong (a bug or a misconfigured PSP_BASE_URL), not the
-      // provider away. Still no answer: "none found" from a refusal would fail a payment that may have been charged.
+      // 400/404/422 to a lookup we made: our request is wrong (a bug or a misconfigured PSP_BASE_URL), not the provider away.
       this.metrics.calls.inc({ operation, outcome: 'refused' });
       this.logger.error(
         { operation, query, status: end.result.status, alert: true },
         'the provider refused our lookup: a fault on our side',
       );
-      throw new PspUnreachableError(operation, `the provider refused the lookup (HTTP ${end.result.status})`);
+      return { kind: 'refused', status: end.result.status, detail: problemDetail(end.result.status, end.result.body) };
     }
-    const outcome: PspCallOutcome = end.kind === 'breaker-open' ? 'breaker-open' : 'unreachable';
+    if (end.kind === 'breaker-open') {
+      this.metrics.calls.inc({ operation, outcome: 'breaker-open' });
+      this.logger.warn(
+        { operation, query, outcome: 'breaker-open', retryAfterSeconds: end.retryAfterSeconds },
+        'psp lookup could not be answered',
+      );
+      return { kind: 'breaker-open', retryAfterSeconds: end.retryAfterSeconds };
+    }
     const reason =
-      end.kind === 'breaker-open'
-        ? `lookups breaker open, retry in ${end.retryAfterSeconds} s`
-        : end.kind === 'failed'
-          ? `unexpected error: ${errorMessage(end.error)}`
-          : end.kind === 'no-time'
-            ? 'no time for an attempt'
-            : unknownReason(end);
-    this.metrics.calls.inc({ operation, outcome });
-    this.logger.warn({ operation, query, outcome, reason }, 'psp lookup could not be answered');
-    throw new PspUnreachableError(operation, reason);
+      end.kind === 'failed'
+        ? `unexpected error: ${errorMessage(end.error)}`
+        : end.kind === 'no-time'
+          ? 'no time for an attempt'
+          : unknownReason(end);
+    this.metrics.calls.inc({ operation, outcome: 'unreachable' });
+    this.logger.warn({ operation, query, outcome: 'unreachable', reason }, 'psp lookup could not be answered');
+    return { kind: 'unknown', reason };
   }
 
   /**
@@ -436,6 +495,31 @@ export class PspClient {
 
   private url(path: string): string {
     return this.options.baseUrl().replace(/\/+$/, '') + path;
+  }
+}
+
+/** An epoch-ms deadline (Date.now() + …) would be decades away on the monotonic clock: no deadline at all. */
+function assertMonotonic(operation: string, deadline: number): void {
+  if (!Number.isFinite(deadline) || deadline > monotonicNow() + 86_400_000)
+    throw new TypeError(`PspClient.${operation}: deadline must be monotonic milliseconds (monotonicNow() + ms)`);
+}
+
+/**
+ * A lookup by id's records, or PspUnreachableError: "the provider has none" and "we could not ask" lead to opposite
+ * decisions (fail the payment vs. keep it pending), so no answer is never an empty list.
+ */
+async function itemsOrThrow<T>(operation: string, found: Promise<LookupResult<T>>): Promise<T[]> {
+  const result = await found;
+  switch (result.kind) {
+    case 'succeeded':
+      return result.value.items;
+    case 'refused':
+      // Still no answer: "none found" from a refusal would fail a payment that may have been charged.
+      throw new PspUnreachableError(operation, `the provider refused the lookup (HTTP ${result.status})`);
+    case 'breaker-open':
+      throw new PspUnreachableError(operation, `lookups breaker open, retry in ${result.retryAfterSeconds} s`);
+    case 'unknown':
+      throw new PspUnreachableError(operation, result.reason);
   }
 }
 

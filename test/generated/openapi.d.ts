@@ -212,8 +212,8 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * Find charges by orderId or paymentId
-         * @description Reads what was recorded, at once (never delayed by a test token): how a client finds out what happened to a charge whose answer it never got.
+         * Find charges by orderId or paymentId, or list those created after an instant, page by page
+         * @description Reads what was recorded, at once (never delayed by a test token). A lookup (orderId and/or paymentId) is how a client finds out what happened to a charge whose answer it never got; it answers every match, hasMore false. A listing (createdAfter, and optionally startingAfter and limit) is how it finds charges it has no record of: at most `limit` charges created strictly after createdAfter, in (createdAt, id) order; while hasMore is true, ask again with startingAfter = the page's last id. createdAt is taken before a charge commits, so a charge can land behind a page already read: a sweep reads again from a little before where it last began. A lookup and a listing cannot be mixed.
          */
         get: operations["pspListCharges"];
         put?: never;
@@ -548,7 +548,13 @@ export interface components {
             metadata: components["schemas"]["ChargeMetadataDto"];
         };
         PspChargeList: {
+            /** @description Ordered by createdAt, then id. */
             items: components["schemas"]["PspChargeView"][];
+            /**
+             * @description Listing: true when charges follow this page (ask again with startingAfter = this page's last id). Always false for a lookup.
+             * @example false
+             */
+            hasMore: boolean;
         };
         RefundMetadataDto: {
             /**
@@ -2987,10 +2993,16 @@ export interface operations {
     pspListCharges: {
         parameters: {
             query?: {
-                /** @description Charges whose metadata.orderId is this. */
+                /** @description Lookup: charges whose metadata.orderId is this. */
                 orderId?: string;
-                /** @description Charges whose metadata.paymentId is this. */
+                /** @description Lookup: charges whose metadata.paymentId is this. */
                 paymentId?: string;
+                /** @description Listing: charges created strictly after this instant. Required without orderId and paymentId; not allowed with them. */
+                createdAfter?: string;
+                /** @description Listing: the page after this charge (the previous page's last item). It must name a charge. */
+                startingAfter?: string;
+                /** @description Listing: charges per page. */
+                limit?: number;
             };
             header?: never;
             path?: never;
@@ -3007,7 +3019,7 @@ export interface operations {
                 };
             };
             /**
-             * @description Neither orderId nor paymentId given, or one is not a UUID.
+             * @description Neither orderId, paymentId nor createdAfter given; one of them malformed; a limit outside 1–100; a startingAfter that names no charge; or a lookup mixed with a listing.
              *
              *     The body is not valid JSON.
              *

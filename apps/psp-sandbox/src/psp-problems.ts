@@ -58,10 +58,18 @@ export const refundExceedsCharge = (chargeId: string, remainingMinor: number) =>
     { remainingMinor },
   );
 
-/** A lookup with no filter would list every charge: refused like any other invalid query. */
-export const lookupNeedsFilter = (fields: [string, string]) =>
-  ProblemException.of(400, 'validation-failed', 'Validation failed', `Give ${fields.join(' or ')}.`, {
-    errors: fields.map((field) => ({ field, messages: [`${fields.join(' or ')} is required`] })),
+/** A lookup with no filter would list every charge (or refund) at once: refused like any other invalid query. */
+export const lookupNeedsFilter = (fields: string[]) => {
+  const anyOf = `${fields.slice(0, -1).join(', ')} or ${fields.at(-1)}`;
+  return ProblemException.of(400, 'validation-failed', 'Validation failed', `Give ${anyOf}.`, {
+    errors: fields.map((field) => ({ field, messages: [`${anyOf} is required`] })),
+  });
+};
+
+/** A query the validator passed field by field that is still wrong as a whole: the validator's 400, naming `field`. */
+export const invalidQuery = (field: string, message: string) =>
+  ProblemException.of(400, 'validation-failed', 'Validation failed', `${field}: ${message}`, {
+    errors: [{ field, messages: [message] }],
   });
 
 const KEY_MISSING: ProblemExample = {

@@ -13,13 +13,13 @@ import type { FastifyReply as Response } from 'fastify';
 import { IDEMPOTENT_REPLAYED_HEADER, parseIdempotencyKey } from '@idempotent-orders/idempotency';
 import { CreateChargeDto } from './dto/create-charge.dto.js';
 import { CreateRefundDto } from './dto/create-refund.dto.js';
-import { FindChargesQuery } from './dto/find-charges.query.js';
+import { FindChargesQuery, MAX_CHARGES_PAGE } from './dto/find-charges.query.js';
 import { FindRefundsQuery } from './dto/find-refunds.query.js';
 import { PspChargeList, PspChargeView } from './dto/psp-charge.view.js';
 import { PspRefundList, PspRefundView } from './dto/psp-refund.view.js';
 import { AnswerDelays } from './answer-delays.js';
 import { ProviderKeyGuard } from './provider-key.guard.js';
-import { keyMissing, lookupNeedsFilter, PSP_PROBLEMS } from './psp-problems.js';
+import { invalidQuery, keyMissing, lookupNeedsFilter, PSP_PROBLEMS } from './psp-problems.js';
 import { type ProviderAnswer, PspSandboxService } from './psp-sandbox.service.js';
 import { DEV_PSP_API_KEY } from './sandbox-config.js';
 import { ApiProblems, problemType, Public } from '#service-kit';
@@ -152,19 +152,32 @@ export class PspSandboxController {
   @Get('charges')
   @ApiOperation({
     operationId: 'pspListCharges',
-    summary: 'Find charges by orderId or paymentId',
+    summary: 'Find charges by orderId or paymentId, or list those created after an instant, page by page',
     description:
-      'Reads what was recorded, at once (never delayed by a test token): how a client finds out what happened to a charge whose answer it never got.',
+      'Reads what was recorded, at once (never delayed by a test token). A lookup (orderId and/or paymentId) is how a client finds out ' +
+      'what happened to a charge whose answer it never got; it answers every match, hasMore false. A listing (createdAfter, and optionally ' +
+      'startingAfter and limit) is how it finds charges it has no record of: at most `limit` charges created strictly after createdAfter, in ' +
+      "(createdAt, id) order; while hasMore is true, ask again with startingAfter = the page's last id. createdAt is taken before a charge " +
+      'commits, so a charge can land behind a page already read: a sweep reads again from a little before where it last began. ' +
+      'A lookup and a listing cannot be mixed.',
     security: PROVIDER_KEY_REQUIRED,
   })
   @ApiOkResponse({ type: PspChargeList })
   @ApiProblems(PSP_PROBLEMS.unauthorized, {
     ...PSP_PROBLEMS.invalid,
-    description: 'Neither orderId nor paymentId given, or one is not a UUID.',
+    description:
+      'Neither orderId, paymentId nor createdAfter given; one of them malformed; a limit outside 1–100; a startingAfter that names no charge; ' +
+      'or a lookup mixed with a listing.',
   })
   async findCharges(@Query() query: FindChargesQuery): Promise<PspChargeList> {
-    if (!query.orderId && !query.paymentId) throw lookupNeedsFilter(['orderId', 'paymentId']);
-    return { items: await this.sandbox.findCharges(query) };
+    const { orderId, paymentId, createdAfter, startingAfter, limit } = query;
+    const listing = (['createdAfter', 'startingAfter', 'limit'] as const).find((field) => query[field] !== undefined);
+    if (orderId || paymentId) {
+      if (listing) throw invalidQuery(listing, `${listing} belongs to a listing, not to a lookup by orderId or paymentId`);
+      return { items: await this.sandbox.findCharges({ orderId, paymentId }), hasMore: false };
+    }
+    if (createdAfter === undefined) throw lookupNeedsFilter(['orderId', 'paymentId', 'createdAfter']);
+    return this.sandbox.listCharges({ createdAfter, startingAfter, limit: limit ?? MAX_CHARGES_PAGE });
   }
 
   @Post('refunds')

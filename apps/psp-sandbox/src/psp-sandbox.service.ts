@@ -3,9 +3,17 @@ import { randomBytes } from 'node:crypto';
 import { fingerprintRequest } from '@idempotent-orders/idempotency';
 import type { CreateChargeDto } from './dto/create-charge.dto.js';
 import type { CreateRefundDto } from './dto/create-refund.dto.js';
-import type { PspChargeView } from './dto/psp-charge.view.js';
+import type { PspChargeList, PspChargeView } from './dto/psp-charge.view.js';
 import type { PspRefundView } from './dto/psp-refund.view.js';
-import { chargeNotFound, chargeNotRefundable, keyReused, pspUnavailable, refundExceedsCharge, unknownSource } from './psp-problems.js';
+import {
+  chargeNotFound,
+  chargeNotRefundable,
+  invalidQuery,
+  keyReused,
+  pspUnavailable,
+  refundExceedsCharge,
+  unknownSource,
+} from './psp-problems.js';
 import { SandboxDatabase, type SandboxClient } from './sandbox-database.js';
 import { SANDBOX_OPTIONS, type SandboxOptions } from './sandbox-options.js';
 import { AnswerDelays } from './answer-delays.js';
@@ -244,6 +252,36 @@ export class PspSandboxService {
       [filter.orderId ?? null, filter.paymentId ?? null],
     );
     return rows.map(chargeView);
+  }
+
+  /**
+   * A page of the charges created after `createdAfter`, in (created_at, id) order; with `startingAfter`, those after that
+   * charge. Keyset, so a page deep in the listing costs what the first does (ix_psp_charges_created_at_id). created_at is
+   * taken before the charge's transaction commits: a charge can appear behind a page already read, so a sweep reads
+   * again from a little before where it last began.
+   */
+  async listCharges(page: { createdAfter: string; startingAfter?: string; limit: number }): Promise<PspChargeList> {
+    let from = `created_at > $1::timestamptz`;
+    let bound = page.createdAfter;
+    if (page.startingAfter !== undefined) {
+      const [cursor] = await this.db.query<{ later: boolean }>(
+        `SELECT created_at > $2::timestamptz AS later FROM psp.charges WHERE id = $1`,
+        [page.startingAfter, page.createdAfter],
+      );
+      if (!cursor) throw invalidQuery('startingAfter', `there is no charge ${page.startingAfter}`);
+      // Only the later of the two bounds matters; one condition lets the index scan start right at it. The cursor's
+      // created_at is read in SQL, at full precision: a JavaScript Date would cut microseconds and repeat or skip a charge.
+      if (cursor.later) {
+        from = `(created_at, id) > (SELECT created_at, id FROM psp.charges WHERE id = $1)`;
+        bound = page.startingAfter;
+      }
+    }
+    // One row more than the page: whether it exists is hasMore.
+    const rows = await this.db.query<ChargeRow>(
+      `SELECT ${CHARGE_COLUMNS} FROM psp.charges WHERE ${from} ORDER BY created_at, id LIMIT $2`,
+      [bound, page.limit + 1],
+    );
+    return { items: rows.slice(0, page.limit).map(chargeView), hasMore: rows.length > page.limit };
   }
 
   async findRefunds(filter: { chargeId?: string; refundId?: string }): Promise<PspRefundView[]> {

@@ -29,6 +29,13 @@ export class PspChargeView {
 }
 
 export class PspChargeList {
-  @ApiProperty({ type: [PspChargeView] })
+  @ApiProperty({ type: [PspChargeView], description: 'Ordered by createdAt, then id.' })
   items: PspChargeView[];
+
+  @ApiProperty({
+    example: false,
+    description:
+      "Listing: true when charges follow this page (ask again with startingAfter = this page's last id). Always false for a lookup.",
+  })
+  hasMore: boolean;
 }
