@@ -12,6 +12,7 @@ import { LateLandings1764415000000 } from './1764415000000-late-landings.js';
 import { UnreachedSweep1764415100000 } from './1764415100000-unreached-sweep.js';
 import { OrderEventsOutbox1764415500000 } from './1764415500000-order-events-outbox.js';
 import { StoredAnswerEncryption1764415600000 } from './1764415600000-stored-answer-encryption.js';
+import { UnrecordedProviderMoney1764415800000 } from './1764415800000-unrecorded-provider-money.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -26,4 +27,5 @@ export const migrations = [
   UnreachedSweep1764415100000,
   OrderEventsOutbox1764415500000,
   StoredAnswerEncryption1764415600000,
+  UnrecordedProviderMoney1764415800000,
 ];

@@ -34,8 +34,14 @@ const OLD_LAYOUT = [
   'OrderEventsOutbox1764415500000',
   'StoredAnswerEncryption1764415600000',
 ];
-/** Both lists today, in the one timestamp order: the old layout, then the sandbox's migrations written since. */
-const LAYOUT = [...OLD_LAYOUT, ...SANDBOX_NAMES.filter((name) => !MOVED_NAMES.includes(name))];
+/** The service's migrations written since the sandbox has a list of its own. */
+const SERVICE_NEWER = ['UnrecordedProviderMoney1764415800000'];
+const timestampOf = (name: string) => Number(name.slice(-13));
+/** Both lists today, in the one timestamp order: the old layout, then the migrations of either written since. */
+const LAYOUT = [
+  ...OLD_LAYOUT,
+  ...[...SANDBOX_NAMES.filter((name) => !MOVED_NAMES.includes(name)), ...SERVICE_NEWER].sort((a, b) => timestampOf(a) - timestampOf(b)),
+];
 const NOT_A_PROVIDER = 'http://127.0.0.1:9/psp';
 
 describe("the sandbox provider's own migrations", () => {
@@ -95,7 +101,7 @@ describe("the sandbox provider's own migrations", () => {
     const url = await freshDatabase();
     const oldList = [...migrations, ...pspSandboxMigrations]
       .filter((m) => OLD_LAYOUT.includes(m.name))
-      .sort((a, b) => Number(a.name.slice(-13)) - Number(b.name.slice(-13)));
+      .sort((a, b) => timestampOf(a.name) - timestampOf(b.name));
     expect(oldList.map((m) => m.name)).toEqual(OLD_LAYOUT);
     const dataSource = new DataSource(migrationDataSourceOptions(url, oldList, 'old-layout'));
     await dataSource.initialize();

@@ -104,6 +104,8 @@ export interface AppConfig {
   pspWebhookDuplicates: boolean;
   /** Period of the reconciler of unfinished payments and refunds; 0: it never runs. */
   reconcileIntervalMs: number;
+  /** Period of the sweep of the provider's recent charges for payments we do not have (ProviderChargeSweep); 0: never. */
+  providerSweepIntervalMs: number;
   /**
    * AMQP_URL: the RabbitMQ the order events are published to — one URL, or a cluster's nodes comma-separated (tried in
    * order, the next on a lost connection). Unset: the relay is off and events wait in the outbox.
@@ -447,6 +449,14 @@ function reconcileInterval(env: Env): number {
   return ms;
 }
 
+/** 0 turns the sweep off; anything else is a period of at least 1 s (each run calls the provider). */
+function providerSweepInterval(env: Env): number {
+  const ms = integer(env, 'PROVIDER_SWEEP_INTERVAL_MS', 60_000, 0, 86_400_000);
+  if (ms !== 0 && ms < 1_000)
+    return invalid(env, new ConfigError('PROVIDER_SWEEP_INTERVAL_MS', 'must be 0 (off) or from 1000 to 86400000', String(ms)), ms);
+  return ms;
+}
+
 /** Only for the at-least-once test: never set in a deployment (it kills the process on the first confirmed batch). */
 function relayFault(env: Env): AppConfig['orderEventsRelayFault'] {
   const raw = env.ORDER_EVENTS_RELAY_FAULT;
@@ -609,6 +619,9 @@ function readConfig(env: Env): AppConfig {
     pspWebhookDuplicates: boolean(env, 'PSP_WEBHOOK_DUPLICATES', false),
     // 30 s: a payment stuck past its lease settles within about half a minute, at one cheap query per period.
     reconcileIntervalMs: reconcileInterval(env),
+    // A minute: a failover's lost payments are refunded within about a minute of it, at one listing of the provider's charges made
+    // since the last run per period. Not below a second: each run is at least one call to the provider.
+    providerSweepIntervalMs: providerSweepInterval(env),
     amqpUrls: urlList(env, 'AMQP_URL', ['amqp:', 'amqps:']),
     // 30 s: far beyond a batch's publishes (each bounded by a 5 s confirm timeout), short enough after a crash.
     orderEventsLeaseMs: integer(env, 'ORDER_EVENTS_LEASE_MS', 30_000, 6_000, 3_600_000),

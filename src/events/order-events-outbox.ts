@@ -3,7 +3,13 @@
  * by the statement that makes the change, published by the relay (order-events-relay.ts).
  */
 export const ORDER_EVENT_TYPES = ['order.created', 'order.paid', 'order.cancelled', 'order.refunded'] as const;
-export type OrderEventType = (typeof ORDER_EVENT_TYPES)[number];
+/**
+ * Not a status the order reaches: the order is gone from our books (a failover lost it after its events went out), so
+ * a consumer undoes what it did for it. Its version is the largest: the order id never comes back, so nothing follows.
+ */
+export const ORDER_VOIDED = 'order.voided';
+export const ORDER_VOIDED_VERSION = 2 ** 31 - 1;
+export type OrderEventType = (typeof ORDER_EVENT_TYPES)[number] | typeof ORDER_VOIDED;
 
 /** The topic exchange the relay publishes to; the routing key is the event type. */
 export const ORDER_EVENTS_EXCHANGE = 'orders.events';
@@ -44,3 +50,21 @@ export function insertOrderEvents(source: string, clientId: string, occurredAt: 
                    gen_random_uuid() AS event_id, ${occurredAt} AS occurred_at
               FROM ${source} s WHERE s.status IN (${STATUSES_WITH_EVENTS})) e`;
 }
+
+/**
+ * One statement: the `order.voided` event of order $1 when no such order exists (its client is not known any more:
+ * '(unknown)'), at most once per order (uq_order_events_outbox_order_version). $2 total_minor and $3 currency: what the
+ * provider charged for it. Returns the event id when it was written.
+ */
+export const INSERT_ORDER_VOIDED_IF_MISSING = `
+  INSERT INTO order_events_outbox (event_id, type, order_id, client_id, order_version, payload, created_at)
+  SELECT e.event_id, '${ORDER_VOIDED}', $1::uuid, '(unknown)', ${ORDER_VOIDED_VERSION},
+         jsonb_build_object(
+           'eventId', e.event_id, 'type', '${ORDER_VOIDED}', 'orderId', $1::uuid, 'clientId', '(unknown)',
+           'orderVersion', ${ORDER_VOIDED_VERSION}, 'totalMinor', $2::bigint, 'currency', $3::text,
+           'occurredAt', to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
+         e.occurred_at
+    FROM (SELECT gen_random_uuid() AS event_id, clock_timestamp() AS occurred_at) e
+   WHERE NOT EXISTS (SELECT 1 FROM orders WHERE id = $1::uuid)
+  ON CONFLICT (order_id, order_version) DO NOTHING
+  RETURNING event_id`;

@@ -27,6 +27,7 @@ const STOP_WAIT_MS = 3_000;
 interface LateRefundRow {
   id: string;
   charge_id: string;
+  /** The payment's id, or the lost payment's (metadata.paymentId of the charge). */
   payment_id: string;
   amount_minor: string;
   outbound_key: string;
@@ -40,7 +41,7 @@ interface LateRefundRow {
 export const lateRefundKeyOf = (chargeId: string) => `late_${chargeId}`;
 
 /** Who found a charge that landed where we did not expect it (a label of payments_late_landings_total). */
-export type FoundBy = 'webhook' | 'settler' | 'sweep';
+export type FoundBy = 'webhook' | 'settler' | 'sweep' | 'provider_sweep';
 
 /**
  * Gives back the money of a charge the provider made after we had failed its payment (or a second
@@ -89,17 +90,46 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
    * decides between finders). Its id, for `refundInBackground` after the commit; undefined when already recorded.
    */
   async requestRefund(paymentId: string, chargeId: string, amountMinor: number, foundBy: FoundBy): Promise<string | undefined> {
-    const [recorded] = await this.db.query<{ id: string }>(
-      `INSERT INTO late_charge_refunds (charge_id, payment_id, amount_minor, outbound_key) VALUES ($1, $2, $3, $4)
-       ON CONFLICT (charge_id) DO NOTHING
-       RETURNING id`,
-      [chargeId, paymentId, amountMinor, lateRefundKeyOf(chargeId)],
-    );
-    if (!recorded) return undefined;
-    this.metrics.lateChargeRefunds.inc({ outcome: 'requested' });
+    const id = await this.insertPending({ paymentId, lostPaymentId: null }, chargeId, amountMinor);
+    if (!id) return undefined;
     this.metrics.lateLandings.inc({ kind: 'charge', found_by: foundBy });
     this.logger.warn({ paymentId, chargeId, amountMinor, foundBy }, 'a charge landed on a payment we had given up: refunding it');
-    return recorded.id;
+    return id;
+  }
+
+  /**
+   * As requestRefund, for a charge whose payment we do not have (metadata.paymentId unknown here): a failover with
+   * asynchronous replication lost the payment after its charge went out. No order is paid by it, so the money goes back.
+   */
+  async requestRefundOfLostPayment(
+    lostPaymentId: string,
+    chargeId: string,
+    amountMinor: number,
+    foundBy: FoundBy,
+  ): Promise<string | undefined> {
+    const id = await this.insertPending({ paymentId: null, lostPaymentId }, chargeId, amountMinor);
+    if (!id) return undefined;
+    this.metrics.lateLandings.inc({ kind: 'charge_of_lost_payment', found_by: foundBy });
+    this.logger.error(
+      { lostPaymentId, chargeId, amountMinor, foundBy, alert: true },
+      'the provider charged a payment our database does not have (lost in a failover?): refunding it',
+    );
+    return id;
+  }
+
+  private async insertPending(
+    payment: { paymentId: string; lostPaymentId: null } | { paymentId: null; lostPaymentId: string },
+    chargeId: string,
+    amountMinor: number,
+  ): Promise<string | undefined> {
+    const [recorded] = await this.db.query<{ id: string }>(
+      `INSERT INTO late_charge_refunds (charge_id, payment_id, lost_payment_id, amount_minor, outbound_key) VALUES ($1, $2, $3, $4, $5)
+       ON CONFLICT (charge_id) DO NOTHING
+       RETURNING id`,
+      [chargeId, payment.paymentId, payment.lostPaymentId, amountMinor, lateRefundKeyOf(chargeId)],
+    );
+    if (recorded) this.metrics.lateChargeRefunds.inc({ outcome: 'requested' });
+    return recorded?.id;
   }
 
   /** Starts the refund without holding up the finder's answer: the pending row is the durable record. */
@@ -120,13 +150,17 @@ export class LateChargeRefunder implements OnModuleInit, OnModuleDestroy {
 
   /** One provider call for a pending late refund; false when it is settled or another attempt holds it. */
   async attempt(id: string): Promise<boolean> {
-    // The claim is a conditional UPDATE: of two instances (or the webhook and the job), one calls.
+    // The claim is a conditional UPDATE: of two instances (or the webhook and the job), one calls. A lost payment has
+    // no client or source: its refund goes through the shared breaker.
     const [row] = await this.db.query<LateRefundRow>(
-      `UPDATE late_charge_refunds l
-          SET attempts = l.attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
-         FROM payments p
-        WHERE l.id = $1 AND l.status = 'pending' AND l.next_attempt_at <= now() AND p.id = l.payment_id
-       RETURNING l.id, l.charge_id, l.payment_id, l.amount_minor, l.outbound_key, l.attempts, p.client_id, p.source`,
+      `WITH claimed AS (
+         UPDATE late_charge_refunds
+            SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
+          WHERE id = $1 AND status = 'pending' AND next_attempt_at <= now()
+         RETURNING id, charge_id, payment_id, lost_payment_id, amount_minor, outbound_key, attempts)
+       SELECT c.id, c.charge_id, coalesce(c.payment_id, c.lost_payment_id) AS payment_id, c.amount_minor, c.outbound_key, c.attempts,
+              coalesce(p.client_id, '') AS client_id, coalesce(p.source, '') AS source
+         FROM claimed c LEFT JOIN payments p ON p.id = c.payment_id`,
       [id, LATE_REFUND_ATTEMPT_SECONDS],
     );
     if (!row) return false;

@@ -25,6 +25,7 @@ export class PaymentMetrics {
   private readonly logger = new Logger('PaymentMetrics');
   readonly lateChargeRefunds: Counter<'outcome'>;
   readonly lateLandings: Counter<'kind' | 'found_by'>;
+  readonly ordersOfLostPayments: Counter<'repair'>;
 
   constructor(registry: Registry, db: Database) {
     this.lateChargeRefunds = new Counter({
@@ -39,9 +40,21 @@ export class PaymentMetrics {
       name: 'payments_late_landings_total',
       help:
         'Money the provider moved on a payment (kind=charge) or refund (kind=refund) we held as failed or already settled, repaired; ' +
-        'kind=second_refund: a second provider refund for a refund already settled, alerted (only a person can take it back): ' +
-        'found_by webhook, settler (a request, retry or reconciler holding a confirmed answer) or sweep (the recheck of failed-unreachable rows)',
+        'kind=second_refund: a second provider refund for a refund already settled, alerted (only a person can take it back); ' +
+        'kind=charge_of_lost_payment: a charge for a payment our database does not have (lost in a failover), refunded; ' +
+        'kind=unknown_refund: a provider refund our database does not have, alerted: ' +
+        'found_by webhook, settler (a request, retry or reconciler holding a confirmed answer), sweep (the recheck of failed-unreachable rows) ' +
+        "or provider_sweep (the listing of the provider's recent charges)",
       labelNames: ['kind', 'found_by'],
+      registers: [registry],
+    });
+    this.ordersOfLostPayments = new Counter({
+      name: 'payments_lost_payment_orders_total',
+      help:
+        'The order of a payment lost in a failover, once its charge is found: repair=voided (the order is gone too: order.voided ' +
+        'sent, consumers undo what they did), paid (paid meanwhile by a retry: nothing to undo), alerted (it exists and is not ' +
+        'paid: what was done on its lost order.paid needs a person; logged with alert)',
+      labelNames: ['repair'],
       registers: [registry],
     });
     const lateRefundsPending: Gauge<'state'> = new Gauge({

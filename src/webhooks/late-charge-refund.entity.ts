@@ -4,8 +4,9 @@ import type { Payment, PaymentStatus } from '../payments/payment.entity.js';
 
 /**
  * A charge the provider made after we had failed its payment (a `charge.succeeded` that came too
- * late), and the refund that gives the money back (migration 1764414700000 says what each
- * constraint prevents). Its id is the `refundId` the provider gets in the refund's metadata.
+ * late), or for a payment we do not have at all (lost in a failover), and the refund that gives the
+ * money back (migrations 1764414700000 and 1764415800000 say what each constraint prevents). Its
+ * id is the `refundId` the provider gets in the refund's metadata.
  */
 @Entity('late_charge_refunds')
 @Unique('uq_late_charge_refunds_charge', ['chargeId'])
@@ -13,6 +14,7 @@ import type { Payment, PaymentStatus } from '../payments/payment.entity.js';
 @Index('ix_late_charge_refunds_pending', ['nextAttemptAt'], { where: `"status" = 'pending'` })
 @Check('ck_late_charge_refunds_status', `"status" IN ('pending', 'succeeded', 'failed')`)
 @Check('ck_late_charge_refunds_amount_minor', `"amount_minor" > 0`)
+@Check('ck_late_charge_refunds_one_payment', `num_nonnulls("payment_id", "lost_payment_id") = 1`)
 export class LateChargeRefund {
   @PrimaryGeneratedColumn('uuid', { primaryKeyConstraintName: 'pk_late_charge_refunds' })
   id: string;
@@ -20,8 +22,13 @@ export class LateChargeRefund {
   @Column({ name: 'charge_id', type: 'text' })
   chargeId: string;
 
-  @Column({ name: 'payment_id', type: 'uuid' })
-  paymentId: string;
+  /** The payment the charge was for; null when we lost it (lostPaymentId). */
+  @Column({ name: 'payment_id', type: 'uuid', nullable: true })
+  paymentId: string | null;
+
+  /** The charge's metadata.paymentId when no such payment exists here: a failover lost it after its charge went out. */
+  @Column({ name: 'lost_payment_id', type: 'uuid', nullable: true })
+  lostPaymentId: string | null;
 
   @Column({ name: 'amount_minor', ...bigintColumn })
   amountMinor: number;

@@ -7,6 +7,8 @@ import { ProblemException, retryOnceOnDeadlock } from '#service-kit';
 import type { PaymentStatus } from '../payments/payment.entity.js';
 import { type ProviderOutcome, PaymentSettlement } from '../payments/payment-settlement.js';
 import { LateChargeRefunder } from '../payments/late-charge-refunder.js';
+import { LostPayments } from '../payments/lost-payments.js';
+import { PaymentMetrics } from '../payments/payment-metrics.js';
 import { type ChargeEventData, parsePspWebhookEvent, type PspWebhookEvent, type RefundEventData } from './psp-webhook-event.js';
 import type { WebhookEffect } from './processed-webhook-event.entity.js';
 import { WebhookMetrics } from './webhook-metrics.js';
@@ -74,6 +76,8 @@ export class WebhooksService {
     private readonly db: Database,
     private readonly settlement: PaymentSettlement,
     private readonly lateRefunds: LateChargeRefunder,
+    private readonly lostPayments: LostPayments,
+    private readonly paymentMetrics: PaymentMetrics,
     private readonly metrics: WebhookMetrics,
     @Inject(APP_CONFIG) config: AppConfig,
   ) {
@@ -178,7 +182,7 @@ export class WebhooksService {
   private async chargeEvent(type: 'charge.succeeded' | 'charge.failed', data: ChargeEventData): Promise<Effect> {
     const ids = { paymentId: data.paymentId };
     let payment = await this.paymentFacts(data.paymentId);
-    if (!payment) return noEffect('unknown-payment', ids);
+    if (!payment) return type === 'charge.succeeded' ? this.chargeOfLostPayment(data) : noEffect('unknown-payment', ids);
     const mismatch = disagreement(
       [payment.order_id, data.orderId, 'orderId'],
       [Number(payment.amount_minor), data.amountMinor, 'amountMinor'],
@@ -226,6 +230,19 @@ export class WebhooksService {
     return { ...applied(`${what}: refund requested`, { paymentId: payment.id }), lateRefundId };
   }
 
+  /**
+   * Money taken for a payment we do not have: our pending record is committed before the provider is called, so only a
+   * failover that lost it explains this. The charge is refunded, and its order voided if it is gone too (LostPayments).
+   */
+  private async chargeOfLostPayment(data: ChargeEventData): Promise<Effect> {
+    const lateRefundId = await this.lostPayments.repair(
+      { chargeId: data.chargeId, paymentId: data.paymentId, orderId: data.orderId, amountMinor: data.amountMinor, currency: data.currency },
+      'webhook',
+    );
+    if (!lateRefundId) return noEffect('unknown-payment: its refund was already requested', { paymentId: data.paymentId });
+    return { ...applied('unknown-payment: refund requested', { paymentId: data.paymentId }), lateRefundId };
+  }
+
   private async refundEvent(type: 'refund.succeeded' | 'refund.failed', data: RefundEventData): Promise<Effect> {
     const ids = { paymentId: data.paymentId, refundId: data.refundId };
     const outcome: ProviderOutcome =
@@ -265,10 +282,15 @@ export class WebhooksService {
   /** A refund event about the refund of a late charge (its metadata.refundId is that row's id). */
   private async lateRefundEvent(data: RefundEventData, outcome: ProviderOutcome): Promise<Effect> {
     const [late] = await this.db.query<{ id: string; payment_id: string; charge_id: string; amount_minor: string }>(
-      `SELECT id, payment_id, charge_id, amount_minor FROM late_charge_refunds WHERE id = $1`,
+      `SELECT id, coalesce(payment_id, lost_payment_id) AS payment_id, charge_id, amount_minor FROM late_charge_refunds WHERE id = $1`,
       [data.refundId],
     );
-    if (!late) return noEffect('unknown-refund', { paymentId: data.paymentId });
+    if (!late) {
+      // Money given back that our books do not know (its refund lost in a failover, or made by hand at the provider): the
+      // payment still counts it as taken. Only a person can tell which.
+      this.paymentMetrics.lateLandings.inc({ kind: 'unknown_refund', found_by: 'webhook' });
+      return { ...noEffect('unknown-refund', { paymentId: data.paymentId }), alert: true };
+    }
     const mismatch = disagreement(
       [late.payment_id, data.paymentId, 'paymentId'],
       [late.charge_id, data.chargeId, 'chargeId'],
