@@ -730,7 +730,7 @@ export interface components {
              */
             outcome: "applied" | "no_effect" | "duplicate";
             /**
-             * @description What it did, or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).
+             * @description What it did (payment-succeeded, unknown-payment: refund requested, …), or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).
              * @example payment-succeeded
              */
             detail: string;

@@ -45,7 +45,8 @@ export class WebhookReceiptView {
   outcome: string;
   @ApiProperty({
     example: 'payment-succeeded',
-    description: 'What it did, or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).',
+    description:
+      'What it did (payment-succeeded, unknown-payment: refund requested, …), or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).',
   })
   detail: string;
 }
