@@ -150,9 +150,17 @@ describe('lost payments: a charge the provider made for a payment our database d
     const kept = await paidOrder();
     await lose(p, 'lost');
     const sweep = t.app.get(ProviderChargeSweep);
-    // Two runs at once (two instances' sweeps): one repair.
-    const repaired = await Promise.all([sweep.sweep(), sweep.sweep()]);
-    expect(repaired[0]).toBe(1);
+    // Two instances on the database sweep at once: one repair between them.
+    const other = await startTestApp(
+      { PSP_WEBHOOK_SECRET: SECRET, PSP_WEBHOOK_URL: 'none', RECONCILE_INTERVAL_MS: '0', PROVIDER_SWEEP_INTERVAL_MS: '0' },
+      { databaseUrl: t.databaseUrl },
+    );
+    try {
+      const repaired = await Promise.all([sweep.sweep(), other.app.get(ProviderChargeSweep).sweep()]);
+      expect(repaired.sort()).toEqual([0, 1]);
+    } finally {
+      await other.close();
+    }
     expect(await providerRefunds(p.chargeId)).toEqual([2500]);
     expect(await lateRefundOf(p.chargeId)).toEqual([
       { payment_id: null, lost_payment_id: p.paymentId, status: 'succeeded', amount_minor: 2500 },
