@@ -354,6 +354,13 @@ describe('the service on an asynchronous Patroni cluster', () => {
       // order that exists unpaid is one a person was alerted about.
       expect(left.missing).toEqual([]);
       expect(left.unpaid.length).toBeLessThanOrEqual(alerted);
+      // The void path ran end to end: lost orders voided, and fulfilment had shipped some of them and cancelled those.
+      expect(await metric(w, 'payments_lost_payment_orders_total', 'repair="voided"')).toBeGreaterThan(0);
+      const { rows: cancelled } = await w.shipments.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM fulfilment.shipments WHERE status = 'cancelled' AND order_id = ANY($1::uuid[])`,
+        [lostOrders.map((o) => o.orderId)],
+      );
+      expect(cancelled[0].n).toBeGreaterThan(0);
     } finally {
       await db.end();
     }

@@ -228,6 +228,9 @@ export async function startHaPostgres({ synchronous }: { synchronous: boolean })
     const child = patroni.get(name);
     patroni.delete(name);
     const pid = await postmasterPid(name);
+    // Its children too, by pid: a machine gone takes them all, and one stopped (stallWalSenders) would never notice
+    // its postmaster died, outliving the test.
+    const children = pid === undefined ? [] : await childrenOf(pid);
     if (child?.pid !== undefined && !exited(child)) {
       const gone = new Promise((resolve) => child.once('exit', resolve));
       killGroup(child.pid, 'SIGKILL');
@@ -237,7 +240,13 @@ export async function startHaPostgres({ synchronous }: { synchronous: boolean })
       const group = await processGroupOf(pid);
       if (group !== undefined && group > 1) killGroup(group, 'SIGKILL');
       else process.kill(pid, 'SIGKILL');
-      await untilTrue(`${name}'s postmaster gone`, STOP_DEADLINE_MS, () => !alive(pid), 20);
+      for (const c of children) if (alive(c.pid)) process.kill(c.pid, 'SIGKILL');
+      await untilTrue(
+        `${name}'s postmaster and its children gone`,
+        STOP_DEADLINE_MS,
+        () => ![pid, ...children.map((c) => c.pid)].some(alive),
+        20,
+      );
     }
   };
 
@@ -301,24 +310,37 @@ export async function startHaPostgres({ synchronous }: { synchronous: boolean })
       );
     });
 
-  const stallWalSenders = async (name: string, stalled: boolean) => {
-    const postmaster = await postmasterPid(name);
-    if (postmaster === undefined) return 0;
-    let signalled = 0;
+  /** The postmaster's children (each PostgreSQL process is a session of its own, so not reached through its group). */
+  const childrenOf = async (postmaster: number): Promise<{ pid: number; cmdline: string }[]> => {
+    const children: { pid: number; cmdline: string }[] = [];
     for (const entry of await readdir('/proc')) {
       if (!/^\d+$/.test(entry)) continue;
       const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
       const parent = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
       if (parent !== postmaster) continue;
-      const cmdline = await readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '');
+      children.push({ pid: Number(entry), cmdline: await readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '') });
+    }
+    return children;
+  };
+
+  const stallWalSenders = async (name: string, stalled: boolean) => {
+    const postmaster = await postmasterPid(name);
+    if (postmaster === undefined) return 0;
+    let signalled = 0;
+    for (const { pid, cmdline } of await childrenOf(postmaster)) {
       if (!cmdline.includes('walsender')) continue;
-      process.kill(Number(entry), stalled ? 'SIGSTOP' : 'SIGCONT');
+      process.kill(pid, stalled ? 'SIGSTOP' : 'SIGCONT');
       signalled++;
     }
     return signalled;
   };
 
   const stop = async () => {
+    // A WAL sender a failed test left stalled would hold its postmaster's shutdown (and outlive a SIGKILLed one).
+    for (const m of members) {
+      const postmaster = await postmasterPid(m.name).catch(() => undefined);
+      if (postmaster !== undefined) for (const c of await childrenOf(postmaster)) process.kill(c.pid, 'SIGCONT');
+    }
     // Patroni stops its PostgreSQL on SIGTERM; a postmaster left behind (Patroni killed, or too slow) is stopped by its session.
     await Promise.all(members.map(async (m) => stopGroup(patroni.get(m.name), STOP_DEADLINE_MS)));
     patroni.clear();
