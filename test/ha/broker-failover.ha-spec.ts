@@ -25,7 +25,7 @@ const SHIPPED_BEFORE_FAULT = 10;
 /**
  * A frozen leader's node, until the relay publishes and the consumer applies again on survivors. Nothing tells either
  * side: each notices by AMQP heartbeats (5 s, lost after two missed: 10–15 s of silence) while the survivors elect a new
- * leader and drop the node (net_ticktime 10 s). Measured ~12.5 s (docs/running-it.md#beyond-one-node); 30 s leaves a
+ * leader and drop the node (net_ticktime 10 s). Measured 11.4–13.5 s (docs/running-it.md#beyond-one-node); 30 s leaves a
  * shared machine its slack and still fails a client stuck on the frozen node, or a cluster left on RabbitMQ's
  * defaults (the queue blocked ~65 s).
  */
@@ -34,7 +34,7 @@ const FROZEN_RESUME_BOUND_MS = 30_000;
 /**
  * A service and a consumer started while the first node of their AMQP_URL is frozen, until each is connected on a
  * survivor: the process's start (~3 s here), then each handshake with the frozen node given up (5 s; the consumer
- * connects twice, for its dead-letter queue and to consume), the next node tried.
+ * connects twice, for its dead-letter queue and to consume), the next node tried. Measured 12.7–14.7 s.
  */
 const REPLICAS_BOUND_MS = 30_000;
 
