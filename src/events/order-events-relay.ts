@@ -26,6 +26,11 @@ const BACKOFF_BASE_MS = 500;
 const BACKOFF_CAP_MS = 30_000;
 /** amqp-connection-manager's pause between connection attempts to a broker that is down. */
 const RECONNECT_SECONDS = 1;
+/**
+ * A connection attempt's limit, handshake included: a frozen node (SIGSTOP, a suspended VM) accepts TCP in its kernel and
+ * never answers, and amqplib waits for it forever unless told; given up, the next node of AMQP_URL is tried.
+ */
+export const CONNECT_TIMEOUT_MS = 5_000;
 
 export type RelayState = 'off' | 'connected' | 'disconnected';
 
@@ -79,7 +84,11 @@ export class OrderEventsRelay implements OnModuleInit, OnModuleDestroy {
       this.logger.log('order events relay off (AMQP_URL unset): events wait in order_events_outbox');
       return;
     }
-    this.connection = connect(amqpUrls, { reconnectTimeInSeconds: RECONNECT_SECONDS, heartbeatIntervalInSeconds: 5 });
+    this.connection = connect(amqpUrls, {
+      reconnectTimeInSeconds: RECONNECT_SECONDS,
+      heartbeatIntervalInSeconds: 5,
+      connectionOptions: { timeout: CONNECT_TIMEOUT_MS },
+    });
     this.connection.on('connect', () => {
       this.brokerUp = true;
       this.logger.log({ broker: amqpUrls.map(printableUrl).join(',') }, 'order events relay connected to RabbitMQ');

@@ -22,7 +22,7 @@ import { orderEvent, type OrderEventsPublisher, orderEventsPublisher, type TestO
 
 const MAIN = resolve(process.cwd(), 'dist/apps/fulfilment/src/main.js');
 const QUEUE = 'fulfilment.order-events';
-const DEAD = 'fulfilment.order-events.dead';
+const DEAD = 'fulfilment.order-events.dead-letters';
 const BEFORE = 4_000;
 const AFTER = 200;
 const OUTAGE_MS = 5_000;

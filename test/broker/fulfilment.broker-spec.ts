@@ -17,7 +17,7 @@ import { orderEvent, type OrderEventsPublisher, orderEventsPublisher } from './o
 
 const MAIN = resolve(process.cwd(), 'dist/apps/fulfilment/src/main.js');
 const QUEUE = 'fulfilment.order-events';
-const DEAD = 'fulfilment.order-events.dead';
+const DEAD = 'fulfilment.order-events.dead-letters';
 const MAX_ATTEMPTS = 3;
 
 /**

@@ -17,7 +17,7 @@ import { ALICE, bearer, createTestDatabase, ignoreIdleErrors, startTestApp, type
 
 const FULFILMENT = resolve(process.cwd(), 'dist/apps/fulfilment/src/main.js');
 const QUEUE = 'fulfilment.order-events';
-const DEAD = 'fulfilment.order-events.dead';
+const DEAD = 'fulfilment.order-events.dead-letters';
 const ORDERS = 500;
 const WORKERS = 8;
 

@@ -6,9 +6,11 @@
  * and one epmd of their own on a free port. Stopped by pid and process group, the temp dir removed, also when
  * starting fails.
  *
- * `net_ticktime = 10` and `cluster_partition_handling = pause_minority`: with the defaults (60 s, ignore) a frozen
- * node (SIGSTOP) blocks the survivors' channels for about a minute and leaves a partition behind when it wakes;
- * with these a frozen leader is replaced in ~12 s and the frozen node pauses itself (docs/running-it.md#beyond-one-node).
+ * `net_ticktime = 10` and `cluster_partition_handling = pause_minority`, as docs/running-it.md#beyond-one-node
+ * recommends: with the defaults (60 s, ignore) a frozen node (SIGSTOP) blocks the survivors' channels for about a
+ * minute; with these the survivors drop it after ~10 s. Woken, a frozen node reconnects at once and most often does
+ * not pause (it never counted itself a minority): the cluster stays partitioned until it is restarted (`restartNode`).
+ * autoheal would restart the other side instead — measured: the woken node, holding a stale client connection, won.
  *
  * Node built-ins only (like ./rabbitmq): a harness must not depend on the code it tests.
  */
@@ -44,12 +46,18 @@ export interface RabbitCluster {
   queueDepth(queue: string): Promise<{ ready: number; unacked: number }>;
   /** A node's machine gone: SIGKILL to its whole process group; its data stays for `startNode`. */
   killNode(index: number): Promise<void>;
+  /** The pid of a node's Erlang VM (beam.smp), 0 when it has none. */
+  beamPid(index: number): Promise<number>;
   /** SIGSTOP (frozen: alive to TCP, silent to everyone) or SIGCONT to every process of the node. */
   freezeNode(index: number, frozen: boolean): void;
   /** Starts a node again on its data; it rejoins the cluster. */
   startNode(index: number): Promise<void>;
-  /** Nodes the cluster counts as running, per a node that answers. */
-  runningNodes(): Promise<string[]>;
+  /** `rabbitmqctl stop`, then started again on its data: a partition's recovery, for the side not trusted. */
+  restartNode(index: number): Promise<void>;
+  /** The nodes `index` records a partition with (rabbit_node_monitor's view; empty when none or when it is paused). */
+  partitions(index: number): Promise<string[]>;
+  /** Nodes the cluster counts as running, per a node that answers (or per node `from`: a woken node's own view can be stale). */
+  runningNodes(from?: number): Promise<string[]>;
   pids(): number[];
   stop(): Promise<void>;
 }
@@ -118,6 +126,11 @@ export async function startRabbitCluster(): Promise<RabbitCluster> {
     );
   };
 
+  const beamPid = async (i: number) => Number((await readFile(join(dir, `node${i + 1}.pid`), 'utf8').catch(() => '')).trim());
+  const untilBeamGone = async (i: number, beam: number) => {
+    if (beam > 0) await untilTrue(`node ${i + 1}'s beam gone`, 10_000, () => !alive(beam), 20);
+  };
+
   const killNode = async (i: number) => {
     const child = nodes[i];
     nodes[i] = undefined;
@@ -126,8 +139,16 @@ export async function startRabbitCluster(): Promise<RabbitCluster> {
     killGroup(child.pid, 'SIGKILL');
     await gone;
     // The beam (a child of the wrapper shell) dies with the group; wait for it too.
-    const beam = Number((await readFile(join(dir, `node${i + 1}.pid`), 'utf8').catch(() => '')).trim());
-    if (beam > 0) await untilTrue(`node ${i + 1}'s beam gone`, 10_000, () => !alive(beam), 20);
+    await untilBeamGone(i, await beamPid(i));
+  };
+
+  const restartNode = async (i: number) => {
+    const beam = await beamPid(i);
+    await ctl(i, ['stop']).catch(() => undefined);
+    await stopGroup(nodes[i], STOP_DEADLINE_MS);
+    nodes[i] = undefined;
+    await untilBeamGone(i, beam);
+    await startNode(i);
   };
 
   const stop = async () => {
@@ -146,10 +167,10 @@ export async function startRabbitCluster(): Promise<RabbitCluster> {
 
   const frozen = new Set<number>();
   /** The first answer of a running node to a CLI call: a stopped or frozen node is skipped. */
-  const ask = async (args: string[]): Promise<string> => {
+  const ask = async (args: string[], only?: number): Promise<string> => {
     let lastError: unknown;
     for (let i = 0; i < NODES; i++) {
-      if (!running(i) || frozen.has(i)) continue;
+      if (!running(i) || frozen.has(i) || (only !== undefined && i !== only)) continue;
       try {
         return (await ctl(i, args, 15_000)).stdout;
       } catch (err) {
@@ -158,10 +179,9 @@ export async function startRabbitCluster(): Promise<RabbitCluster> {
     }
     throw new Error(`rabbitmq: no node answered ${args.join(' ')}: ${(lastError as Error | undefined)?.message}`);
   };
-  const runningNodes = async () => {
-    const stdout = await ask(['eval', 'rabbit_nodes:all_running().']);
-    return [...stdout.matchAll(/'([^']+)'/g)].map((m) => m[1]);
-  };
+  const nodeNames = (stdout: string) => [...stdout.matchAll(/'([^']+)'/g)].map((m) => m[1]);
+  const runningNodes = async (from?: number) => nodeNames(await ask(['eval', 'rabbit_nodes:all_running().'], from));
+  const partitions = async (i: number) => nodeNames(await ask(['eval', 'rabbit_node_monitor:partitions().'], i));
 
   try {
     await writeFile(join(dir, 'enabled_plugins'), '[].\n');
@@ -227,6 +247,7 @@ export async function startRabbitCluster(): Promise<RabbitCluster> {
       return { ready: Number(ready), unacked: Number(unacked) };
     },
     killNode,
+    beamPid,
     freezeNode: (i, freeze) => {
       const pid = nodes[i]?.pid;
       if (pid === undefined) return;
@@ -235,6 +256,8 @@ export async function startRabbitCluster(): Promise<RabbitCluster> {
       else frozen.delete(i);
     },
     startNode,
+    restartNode,
+    partitions,
     runningNodes,
     pids: () => [epmd, ...nodes].map((c) => c?.pid).filter((pid): pid is number => pid !== undefined),
     stop,

@@ -7,7 +7,13 @@ import type { FulfilmentConfig } from './config.js';
 export const ORDERS_EXCHANGE = 'orders.events';
 export const ORDER_EVENTS_QUEUE = 'fulfilment.order-events';
 export const DEAD_LETTER_EXCHANGE = 'fulfilment.dlx';
-export const DEAD_LETTER_QUEUE = 'fulfilment.order-events.dead';
+/**
+ * A quorum queue, like the consumer's: a classic queue lives on the one node it was declared on, and while that node is
+ * away nothing dead-lettered reaches it and the consumer cannot start (its declaration is refused: 404, home node
+ * down). Named anew because a queue's type cannot change: an older deployment's classic `fulfilment.order-events.dead`
+ * stays bound to the exchange until drained and deleted (docs/patterns/message-consumer.md).
+ */
+export const DEAD_LETTER_QUEUE = 'fulfilment.order-events.dead-letters';
 
 /**
  * Nest's RMQ transport expects `{ pattern, data }` bodies; the order service publishes the bare event with its type
@@ -22,6 +28,12 @@ export class OrderEventDeserializer {
     return { pattern: typeof type === 'string' && type ? type : 'unknown', data: value };
   }
 }
+
+/**
+ * A connection attempt's limit, handshake included: a frozen node (SIGSTOP, a suspended VM) accepts TCP in its kernel and
+ * never answers, and amqplib waits for it forever unless told; given up, the next node of AMQP_URL is tried.
+ */
+export const CONNECT_TIMEOUT_MS = 5_000;
 
 /**
  * The queue's own limit on deliveries, fixed: a queue's arguments cannot change once it exists (a different value
@@ -54,7 +66,7 @@ export function rmqOptions(config: FulfilmentConfig): Required<RmqOptions>['opti
     exchangeType: 'topic',
     routingKey: 'order.*',
     deserializer: new OrderEventDeserializer(),
-    socketOptions: { heartbeatIntervalInSeconds: 5, reconnectTimeInSeconds: 1 },
+    socketOptions: { heartbeatIntervalInSeconds: 5, reconnectTimeInSeconds: 1, connectionOptions: { timeout: CONNECT_TIMEOUT_MS } },
   };
 }
 
@@ -63,7 +75,7 @@ async function connectToAny(urls: string[]) {
   let lastError: unknown;
   for (const url of urls) {
     try {
-      return await connect(url);
+      return await connect(url, { timeout: CONNECT_TIMEOUT_MS });
     } catch (err) {
       lastError = err;
     }
@@ -80,7 +92,7 @@ export async function assertDeadLetterTopology(amqpUrls: string[]): Promise<void
   try {
     const channel = await connection.createChannel();
     await channel.assertExchange(DEAD_LETTER_EXCHANGE, 'fanout', { durable: true });
-    await channel.assertQueue(DEAD_LETTER_QUEUE, { durable: true });
+    await channel.assertQueue(DEAD_LETTER_QUEUE, { durable: true, arguments: { 'x-queue-type': 'quorum' } });
     await channel.bindQueue(DEAD_LETTER_QUEUE, DEAD_LETTER_EXCHANGE, '');
     await channel.close();
   } finally {
