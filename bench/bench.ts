@@ -18,13 +18,11 @@
  * A pay row's orders are inserted, and the row warmed up for 2 s, before its CPU is sampled. BENCH_PG_STATEMENTS=1
  * prints each pay row's statements per pay from pg_stat_statements, the service's database and the sandbox's apart.
  */
-import autocannon from 'autocannon';
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { createHash, randomUUID } from 'node:crypto';
 import { mkdtemp, rm, chmod, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
@@ -33,73 +31,32 @@ import { startEmbeddedPostgres } from '#service-kit/embedded-postgres';
 import { typeormOptions } from '../src/database/typeorm-options.js';
 import { ORDER_TABLE_COLUMNS } from '../src/orders/order-columns.js';
 import { type PgBouncer, startPgBouncer } from '../test/support/pgbouncer.js';
-import { postgresCpuMs, postmasterPid, processCpuMs } from './proc-cpu.js';
+import {
+  benchServiceEnv,
+  BODY,
+  cannon,
+  CONNECTIONS,
+  type CpuTargets,
+  CREATE_WITH_NEW_KEYS,
+  DURATION_S,
+  listeningUrl,
+  pays,
+  percentile,
+  type Row,
+  SECRET,
+  spawnSandbox,
+  spawnService,
+  startSandboxDatabase,
+  stopChild,
+  warmedPayOrders,
+  warmUp,
+  withCpu,
+} from './lib.js';
+import { postmasterPid } from './proc-cpu.js';
 import { applyMigrations } from '#service-kit';
 
-const CONNECTIONS = 32;
-const DURATION_S = Number(process.env.BENCH_SECONDS ?? 8);
 const STORM_WIDTH = 50;
 const STORM_ROUNDS = 100;
-const SECRET = 'bench-secret-0123456789';
-const BODY = JSON.stringify({
-  currency: 'EUR',
-  items: [
-    { sku: 'SKU-1', quantity: 2, unitPriceMinor: 1999 },
-    { sku: 'SKU-2', quantity: 1, unitPriceMinor: 500 },
-  ],
-});
-
-interface Row {
-  name: string;
-  rps: number;
-  p50: number;
-  p99: number;
-  errors: number;
-  /** Requests (or transactions) completed: the divisor of the CPU columns. */
-  requests: number;
-  /** ms of CPU per request: the service process, and PostgreSQL (undefined where no service is involved). */
-  serviceCpuMs?: number;
-  pgCpuMs?: number;
-  /** ms of CPU per request of the out-of-process sandbox provider and of its own PostgreSQL (pay only). */
-  sandboxCpuMs?: number;
-  sandboxPgCpuMs?: number;
-}
-
-/** The processes whose CPU is sampled around each workload. */
-interface CpuTargets {
-  servicePid?: number;
-  postmaster: number;
-  sandbox?: { pid: number; postmaster: number };
-}
-
-/** Runs one workload and adds the CPU it cost per request, sampled from /proc before and after. */
-async function withCpu(targets: CpuTargets, workload: () => Promise<Row>): Promise<Row> {
-  const service0 = processCpuMs(targets.servicePid);
-  const pg0 = postgresCpuMs(targets.postmaster);
-  const sandbox0 = targets.sandbox && [processCpuMs(targets.sandbox.pid), postgresCpuMs(targets.sandbox.postmaster)];
-  const row = await workload();
-  const service = processCpuMs(targets.servicePid) - service0;
-  const pgMs = postgresCpuMs(targets.postmaster) - pg0;
-  const per = (ms: number) => (row.requests > 0 ? ms / row.requests : NaN);
-  const sandbox =
-    targets.sandbox && sandbox0
-      ? {
-          sandboxCpuMs: per(processCpuMs(targets.sandbox.pid) - sandbox0[0]),
-          sandboxPgCpuMs: per(postgresCpuMs(targets.sandbox.postmaster) - sandbox0[1]),
-        }
-      : {};
-  return { ...row, serviceCpuMs: targets.servicePid ? per(service) : undefined, pgCpuMs: per(pgMs), ...sandbox };
-}
-
-function percentile(sorted: number[], p: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
-}
-
-async function cannon(name: string, url: string, opts: Partial<autocannon.Options>): Promise<Row> {
-  const result = await autocannon({ url, connections: CONNECTIONS, duration: DURATION_S, ...opts });
-  const errors = result.errors + result.timeouts + result.non2xx;
-  return { name, rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors, requests: result.requests.total };
-}
 
 /**
  * The service's SQL for one idempotent create, issued directly and sent as the service sends it: pipelined,
@@ -273,54 +230,8 @@ async function storm(url: string, databaseUrl: string): Promise<{ row: Row; exec
   }
 }
 
-/** More created orders than a pay run can use up: each pay needs an order of its own. */
-const PAY_ORDERS = 20_000;
-
-/** Of those, the orders the pay row's 2 s warm-up pays (more than it can use up at any rate measured so far). */
-const PAY_WARM_UP_ORDERS = 2_000;
-
 /** Pay at c=4: the latency one payment sees when the service is not saturated (judged p99 ≤ 120 ms; c=32 is judged against its own p50). */
 const PAY_LIGHT_CONNECTIONS = 4;
-
-/**
- * The orders a pay row pays, inserted before its CPU is sampled: 20,000 INSERTs (with their CHECKs, indexes and the
- * autovacuum they set off) are the bench's fixture, not a pay's cost. Numbers of the row's own (pay-c32-…, pay-c4-…).
- */
-async function payOrders(databaseUrl: string, connections: number): Promise<string[]> {
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: 1 });
-  try {
-    const { rows } = await pool.query<{ id: string }>(
-      `INSERT INTO orders (client_id, order_number, currency, total_minor) SELECT 'bench', $2 || g, 'EUR', 4498 FROM generate_series(1, $1) g RETURNING id`,
-      [PAY_ORDERS, `pay-c${connections}-`],
-    );
-    // Vacuumed and analysed now, as autovacuum would (20,000 inserts pass its thresholds) in the middle of the row.
-    await pool.query('VACUUM (ANALYZE) orders');
-    return rows.map((r) => r.id);
-  } finally {
-    await pool.end();
-  }
-}
-
-/** POST /orders/:id/payments with tok_visa, a new key and a new order each: phases 1 and 3, the call to the sandbox, its webhook. */
-async function pays(url: string, orderIds: string[], name: string, connections = CONNECTIONS, duration = DURATION_S): Promise<Row> {
-  let next = 0;
-  return cannon(name, `${url}/orders`, {
-    connections,
-    duration,
-    method: 'POST',
-    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ source: 'tok_visa' }),
-    requests: [
-      {
-        setupRequest: (req) => ({
-          ...req,
-          path: `/orders/${orderIds[next++ % orderIds.length]}/payments`,
-          headers: { ...req.headers, 'idempotency-key': randomUUID() },
-        }),
-      },
-    ],
-  });
-}
 
 /**
  * BENCH_PG_STATEMENTS=1: both servers load pg_stat_statements (planning counted too), and each pay row prints, per
@@ -396,19 +307,6 @@ function printRows(rows: Row[], loadAtStart: number, throughPooler: boolean): st
   return load;
 }
 
-/** The URL a started service (or sandbox) prints once it listens. */
-function listeningUrl(child: ChildProcess): Promise<string> {
-  return new Promise<string>((res, rej) => {
-    let out = '';
-    child.stdout!.on('data', (c: Buffer) => {
-      out += c.toString();
-      const m = /listening on (http:\/\/localhost:\d+)/.exec(out);
-      if (m) res(m[1].replace('localhost', '127.0.0.1'));
-    });
-    child.once('exit', (code) => rej(new Error(`${child.spawnargs.at(-1)} exited ${code}`)));
-  });
-}
-
 async function main(): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'idempotent-orders-bench-'));
   await chmod(dir, 0o755);
@@ -451,65 +349,20 @@ async function main(): Promise<void> {
     const through = pooler
       ? { DATABASE_URL: pooler.pooledUrl(server.url), DATABASE_PREPARED_STATEMENTS: 'false', DATABASE_MIGRATION_URL: server.url }
       : { DATABASE_URL: dbUrl };
-    const webhookSecret = `whsec_${Buffer.from(SECRET).toString('base64')}`;
-    // The provider key both sides hold (required with DATABASE_URL): the sandbox takes it, the service sends it.
-    const providerKey = `sk_test_${SECRET}`;
     const servicePort = await freePort();
     let provider: Record<string, string> = { PSP_SANDBOX: 'in-process' };
     const sandboxApart = process.env.BENCH_PSP !== 'in-process';
     if (sandboxApart) {
       console.error('starting the sandbox provider (its own process and PostgreSQL)');
-      sandboxServer = await startEmbeddedPostgres({
-        dir: join(dir, 'psp-pg'),
-        port: await freePort(),
-        socket: viaSocket,
-        settings: STATEMENT_STATS,
-        log: (l) => process.env.BENCH_DEBUG && console.error(l),
-      });
-      sandbox = spawn(process.execPath, [fileURLToPath(new URL('../apps/psp-sandbox/src/main.js', import.meta.url))], {
-        env: {
-          PATH: process.env.PATH,
-          PSP_PORT: '0',
-          DATABASE_URL: sandboxServer.socketUrl ?? sandboxServer.url,
-          // The service's port is chosen above: the relay's first webhook comes after the service is up.
-          PSP_WEBHOOK_URL: `http://127.0.0.1:${servicePort}/webhooks/psp`,
-          PSP_WEBHOOK_SECRET: webhookSecret,
-          PSP_API_KEY: providerKey,
-          LOG_LEVEL: 'warn',
-        },
-        stdio: ['ignore', 'pipe', 'inherit'],
-      });
+      sandboxServer = await startSandboxDatabase(join(dir, 'psp-pg'), viaSocket, STATEMENT_STATS);
+      sandbox = spawnSandbox(sandboxServer.socketUrl ?? sandboxServer.url, servicePort);
       provider = { PSP_BASE_URL: `${await listeningUrl(sandbox)}/psp` };
     }
     // BENCH_SERVICE_ARGS='--cpu-prof' profiles the service while it is measured.
     const nodeArgs = process.env.BENCH_SERVICE_ARGS?.split(' ').filter(Boolean) ?? [];
-    service = spawn(process.execPath, [...nodeArgs, fileURLToPath(new URL('../src/main.js', import.meta.url))], {
-      env: {
-        PATH: process.env.PATH,
-        PORT: String(servicePort),
-        ...through,
-        API_KEYS: `bench:${SECRET}`,
-        PSP_WEBHOOK_SECRET: webhookSecret,
-        PSP_API_KEY: providerKey,
-        ...provider,
-        // LOG_LEVEL left at its default (info), as `npm start` runs: what a user's service pays for its logging.
-        ...Object.fromEntries(
-          (process.env.BENCH_SERVICE_ENV ?? '')
-            .split(' ')
-            .filter(Boolean)
-            .map((pair) => [pair.split('=')[0], pair.slice(pair.indexOf('=') + 1)]),
-        ),
-      },
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
+    service = spawnService({ PORT: String(servicePort), ...through, ...provider, ...benchServiceEnv() }, nodeArgs);
     const url = await listeningUrl(service);
     const headers = { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' };
-    const createWithNewKeys: Partial<autocannon.Options> = {
-      method: 'POST',
-      headers,
-      body: BODY,
-      requests: [{ setupRequest: (req) => ({ ...req, headers: { ...req.headers, 'idempotency-key': randomUUID() } }) }],
-    };
 
     console.error(`service at ${url}; measuring`);
     // On a shared machine the other sessions' load is part of every number: printed and recorded beside them.
@@ -518,11 +371,7 @@ async function main(): Promise<void> {
     const payCpu: CpuTargets =
       sandbox && sandboxServer ? { ...cpu, sandbox: { pid: sandbox.pid!, postmaster: postmasterPid(join(dir, 'psp-pg')) } } : cpu;
     const measured = (workload: () => Promise<Row>) => withCpu(cpu, workload);
-    // Warm-up: JIT, pool, caches.
-    await cannon('warm-up', `${url}/health`, { duration: 2 });
-    // And the create path (JIT, each pooled connection's first parse of the named statements), as the peer's is warmed:
-    // otherwise that one-off cost lands in the first measured row.
-    await cannon('warm-up', `${url}/orders`, { duration: 2, ...createWithNewKeys });
+    await warmUp(url);
 
     const rows: Row[] = [];
     const tolerate = async (name: string, workload: () => Promise<Row>, targets = cpu) => {
@@ -539,11 +388,7 @@ async function main(): Promise<void> {
     const payLightName = `pay with tok_visa at ${PAY_LIGHT_CONNECTIONS} connections (new key and order each; ${sandboxWhere})`;
     const sandboxDbUrl = sandboxServer && (sandboxServer.socketUrl ?? sandboxServer.url);
     const payRow = async (name: string, connections: number) => {
-      const orderIds = await payOrders(dbUrl, connections);
-      // Warm-up on orders of its own, as the create path is warmed above: each pooled connection's first runs of the pay
-      // path's statements (cold catalogue caches, five custom plans before a generic one) are a one-off, not a pay's cost.
-      await pays(url, orderIds.slice(-PAY_WARM_UP_ORDERS), 'warm-up', connections, 2);
-      orderIds.length -= PAY_WARM_UP_ORDERS;
+      const orderIds = await warmedPayOrders(url, dbUrl, connections);
       const statsOf = [['the service', dbUrl], ...(sandboxDbUrl ? [['the sandbox', sandboxDbUrl]] : [])];
       if (STATEMENT_STATS) for (const [, db] of statsOf) await statementStats(db, 'reset');
       await tolerate(name, () => pays(url, orderIds, name, connections), payCpu);
@@ -560,12 +405,12 @@ async function main(): Promise<void> {
       return;
     }
     if (process.env.BENCH_ONLY === 'create') {
-      rows.push(await measured(() => cannon('idempotent create (new key each)', `${url}/orders`, createWithNewKeys)));
+      rows.push(await measured(() => cannon('idempotent create (new key each)', `${url}/orders`, CREATE_WITH_NEW_KEYS)));
       printRows(rows, loadAtStart, pooler !== undefined);
       return;
     }
     rows.push(await measured(() => cannon('GET /health', `${url}/health`, {})));
-    rows.push(await measured(() => cannon('idempotent create (new key each)', `${url}/orders`, createWithNewKeys)));
+    rows.push(await measured(() => cannon('idempotent create (new key each)', `${url}/orders`, CREATE_WITH_NEW_KEYS)));
     rows.push(await withCpu({ postmaster: cpu.postmaster }, () => directCreates(dbUrl)));
     const replayKeys = Array.from({ length: 100 }, () => randomUUID());
     for (const key of replayKeys) await post(url, key);
@@ -639,13 +484,7 @@ async function main(): Promise<void> {
       await writeFile(process.env.BENCH_JSON, JSON.stringify(report, null, 2));
     }
   } finally {
-    for (const child of [service, sandbox]) {
-      if (child && child.exitCode === null && child.signalCode === null) {
-        const exited = new Promise((r) => child.once('exit', r));
-        child.kill('SIGTERM');
-        await exited;
-      }
-    }
+    for (const child of [service, sandbox]) await stopChild(child);
     await sandboxServer?.stop();
     await pooler?.stop();
     await server.stop();

@@ -71,6 +71,8 @@ export interface HaPostgres {
   startMember(name: string): Promise<void>;
   /** SIGSTOP (or SIGCONT) to the member's WAL sender processes: its replicas stop receiving WAL, commits go on. */
   stallWalSenders(name: string, stalled: boolean): Promise<number>;
+  /** The member's postmaster pid while it runs (its data dir's postmaster.pid): a bench sums its server's CPU from it. */
+  postmasterPid(name: string): Promise<number | undefined>;
   /** Every pid this harness runs right now (etcd, HAProxy, each Patroni and postmaster): a test checks they are gone after `stop`. */
   pids(): Promise<number[]>;
   /** Stops everything for good (by pid and process group), removes the temp dir. */
@@ -502,6 +504,7 @@ export async function startHaPostgres({ synchronous }: { synchronous: boolean })
     crashMember,
     startMember,
     stallWalSenders,
+    postmasterPid,
     pids: async () => {
       const postmasters = await Promise.all(members.map((m) => postmasterPid(m.name)));
       return [etcd, haproxy, ...patroni.values()]
