@@ -3,7 +3,14 @@
  * COMMIT or ROLLBACK. On a real PostgreSQL.
  */
 import { DataSource } from 'typeorm';
-import { Database, isCachedPlanInvalidated, TransactionRolledBackError } from '@idempotent-orders/idempotency';
+import {
+  Database,
+  DatabaseNotAnsweringError,
+  isCachedPlanInvalidated,
+  isDatabaseUnavailable,
+  PoolExhaustedError,
+  TransactionRolledBackError,
+} from '@idempotent-orders/idempotency';
 import { resolveIdempotencyOptions } from './support/idempotency-internals';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
@@ -208,5 +215,61 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
     await db.query(readAll, [1]);
     await db.query(readAll, [1]);
     expect(await prepared()).toBe(1);
+  });
+});
+
+describe('Database: a pool wait that runs out', () => {
+  let database: Awaited<ReturnType<typeof createTestDatabase>>;
+  let dataSource: DataSource;
+  let db: Database;
+  let locks: Pool;
+  beforeAll(async () => {
+    database = await createTestDatabase();
+    dataSource = new DataSource(typeormOptions(database.url, { poolSize: 1, poolWaitMs: 300 }));
+    await dataSource.initialize();
+    db = new Database(dataSource, resolveIdempotencyOptions({ callerScope: () => 'test', waitMs: 2000 })).attach();
+    locks = ignoreIdleErrors(new Pool({ connectionString: database.url, max: 2 }));
+  });
+  afterAll(async () => {
+    db?.onModuleDestroy();
+    await locks?.end();
+    await dataSource?.destroy();
+    await database?.drop();
+  });
+
+  /** A session of `locks` holding advisory lock `key` until `release()`. */
+  async function held(key: number) {
+    const client = await locks.connect();
+    await client.query(`SELECT pg_advisory_lock($1)`, [key]);
+    return {
+      release: async () => {
+        await client.query(`SELECT pg_advisory_unlock($1)`, [key]);
+        client.release();
+      },
+    };
+  }
+  const blockedOn = (key: number) => db.transaction(() => db.query(`SELECT pg_advisory_xact_lock($1)`, [key]));
+
+  it('nothing ended while it waited (every connection held by a statement not answered): database unavailable, not overloaded', async () => {
+    const lock = await held(1);
+    const holder = blockedOn(1);
+    const waiter = db.query(`SELECT 1`);
+    await expect(waiter).rejects.toBeInstanceOf(DatabaseNotAnsweringError);
+    expect(isDatabaseUnavailable(await waiter.catch((err: unknown) => err))).toBe(true);
+    await lock.release();
+    await holder;
+  });
+
+  it('transactions ended while it waited, just not soon enough for it: overloaded', async () => {
+    const [first, second] = [await held(2), await held(3)];
+    const holder = blockedOn(2);
+    // Queued first: gets the connection when the holder ends, and keeps it (blocked on the second lock).
+    const next = blockedOn(3);
+    const waiter = db.query(`SELECT 1`);
+    await first.release();
+    await holder;
+    await expect(waiter).rejects.toBeInstanceOf(PoolExhaustedError);
+    await second.release();
+    await next;
   });
 });

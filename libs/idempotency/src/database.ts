@@ -4,7 +4,8 @@ import type { Pool, PoolClient, QueryConfig, QueryResult } from 'pg';
 import { DataSource, type EntityManager, type EntityTarget, type ObjectLiteral, type Repository } from 'typeorm';
 import type { PostgresDriver } from 'typeorm/driver/postgres/PostgresDriver.js';
 import { IDEMPOTENCY_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency-options.js';
-import { isCachedPlanInvalidated, isDatabaseUnavailable } from './pg-errors.js';
+import { monotonicNow } from './monotonic-clock.js';
+import { DatabaseNotAnsweringError, isCachedPlanInvalidated, isDatabaseUnavailable } from './pg-errors.js';
 import {
   attachTransactionJoin,
   ConcurrentNestedTransactionError,
@@ -154,6 +155,8 @@ class OpenTransaction implements JoinableTransaction {
 @Injectable()
 export class Database implements OnModuleDestroy {
   private readonly logger = new Logger('Database');
+  /** monotonicNow() when a transaction last ended with its connection back in the pool: the database was answering. */
+  private lastAnsweredAt = 0;
   private readonly current = new AsyncLocalStorage<OpenTransaction>();
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
   private readonly guarded = new WeakSet<PoolClient>();
@@ -260,16 +263,23 @@ export class Database implements OnModuleDestroy {
   }
 
   /**
-   * A pooled connection, or PoolExhaustedError once the pool's `connectionTimeoutMillis` has passed without one.
+   * A pooled connection, or PoolExhaustedError once the pool's `connectionTimeoutMillis` has passed without one
+   * (DatabaseNotAnsweringError when no transaction ended meanwhile).
    * With the server down, this fails at once (ECONNREFUSED): no retry here, the client is told 503.
    */
   private async connect(): Promise<PoolClient> {
+    const waitStartedAt = monotonicNow();
     let client: PoolClient;
     try {
       client = await this.pool.connect();
     } catch (err) {
       // pg-pool's words for its connectionTimeoutMillis; anything else is a real connection failure.
-      if (err instanceof Error && err.message === 'timeout exceeded when trying to connect') throw new PoolExhaustedError({ cause: err });
+      if (err instanceof Error && err.message === 'timeout exceeded when trying to connect') {
+        // Busy means connections come back while we wait. None did: every one is stuck in a statement the database does
+        // not answer (a restart behind a pooler, which holds them), so it is unavailable, not overloaded.
+        if (this.lastAnsweredAt < waitStartedAt) throw new DatabaseNotAnsweringError({ cause: err });
+        throw new PoolExhaustedError({ cause: err });
+      }
       throw err;
     }
     if (!this.guarded.has(client)) {
@@ -323,6 +333,7 @@ export class Database implements OnModuleDestroy {
     } finally {
       open.end();
       open.client.release(broken);
+      if (!broken) this.lastAnsweredAt = monotonicNow();
     }
   }
 

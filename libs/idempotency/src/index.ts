@@ -65,7 +65,15 @@ export { fingerprintRequest } from './request-fingerprint.js';
  * unreachable, a lock/deadlock/serialization conflict, a unique violation, a cached plan a schema change invalidated.
  * An app's exception filter that answers these (503, 409) uses the same tests, so it and the layer never disagree.
  */
-export { isCachedPlanInvalidated, isDatabaseUnavailable, isTransientConflict, isUniqueViolation, PG, pgErrorCode } from './pg-errors.js';
+export {
+  DatabaseNotAnsweringError,
+  isCachedPlanInvalidated,
+  isDatabaseUnavailable,
+  isTransientConflict,
+  isUniqueViolation,
+  PG,
+  pgErrorCode,
+} from './pg-errors.js';
 /** JSON with sorted keys, as the request fingerprint uses it: equal values, equal text. */
 export { canonicalJson } from './canonical-json.js';
 /** Deletes in bounded batches until a batch comes back short: the reaper's loop, for an app's own tables too. */

@@ -136,8 +136,20 @@ function* errorChain(err: unknown, depth = 0): Generator<unknown> {
   if (err instanceof Error && err.cause !== undefined) yield* errorChain(err.cause, depth + 1);
 }
 
+/**
+ * No pooled connection came free within the wait, and no transaction ended meanwhile: every connection is held by a
+ * statement the database does not answer (it restarts behind a pooler, which holds them), so it is unavailable.
+ */
+export class DatabaseNotAnsweringError extends Error {
+  constructor(options?: ErrorOptions) {
+    super('No database connection came free, and the database answered nothing while we waited', options);
+    this.name = 'DatabaseNotAnsweringError';
+  }
+}
+
 function isUnreachable(err: unknown): boolean {
   if (!err || typeof err !== 'object') return false;
+  if (err instanceof DatabaseNotAnsweringError) return true;
   const code = 'code' in err && typeof err.code === 'string' ? err.code : undefined;
   if (code !== undefined) {
     if (UNREACHABLE_SOCKET_CODES.has(code)) return true;
