@@ -250,12 +250,34 @@ describe('Database: a pool wait that runs out', () => {
   }
   const blockedOn = (key: number) => db.transaction(() => db.query(`SELECT pg_advisory_xact_lock($1)`, [key]));
 
-  it('nothing ended while it waited (every connection held by a statement not answered): database unavailable, not overloaded', async () => {
+  it('the database last found unreachable and nothing ended well since (a restart behind a pooler): unavailable, not overloaded', async () => {
+    // A transaction whose connection is cut under it (as a restart cuts them): the database was found unreachable.
+    const cut = db.transaction(async () => {
+      const [{ pid }] = await db.query<{ pid: number }>(`SELECT pg_backend_pid() AS pid`);
+      await locks.query(`SELECT pg_terminate_backend($1)`, [pid]);
+      await db.query(`SELECT 1`);
+    });
+    expect(
+      isDatabaseUnavailable(
+        await cut.then(
+          () => undefined,
+          (err: unknown) => err,
+        ),
+      ),
+    ).toBe(true);
     const lock = await held(1);
     const holder = blockedOn(1);
     const waiter = db.query(`SELECT 1`);
     await expect(waiter).rejects.toBeInstanceOf(DatabaseNotAnsweringError);
     expect(isDatabaseUnavailable(await waiter.catch((err: unknown) => err))).toBe(true);
+    await lock.release();
+    await holder;
+  });
+
+  it('every connection held by a statement waiting on a lock, the database answering: overloaded', async () => {
+    const lock = await held(4);
+    const holder = blockedOn(4);
+    await expect(db.query(`SELECT 1`)).rejects.toBeInstanceOf(PoolExhaustedError);
     await lock.release();
     await holder;
   });

@@ -157,6 +157,8 @@ export class Database implements OnModuleDestroy {
   private readonly logger = new Logger('Database');
   /** monotonicNow() when a transaction last ended with its connection back in the pool: the database was answering. */
   private lastAnsweredAt = 0;
+  /** monotonicNow() when a transaction or a connect last failed because the database could not be reached. */
+  private lastUnreachableAt = 0;
   private readonly current = new AsyncLocalStorage<OpenTransaction>();
   /** Clients that already carry our 'error' listener: pg reuses clients, and one listener each is enough. */
   private readonly guarded = new WeakSet<PoolClient>();
@@ -264,22 +266,22 @@ export class Database implements OnModuleDestroy {
 
   /**
    * A pooled connection, or PoolExhaustedError once the pool's `connectionTimeoutMillis` has passed without one
-   * (DatabaseNotAnsweringError when no transaction ended meanwhile).
+   * (DatabaseNotAnsweringError when the database was last found unreachable and nothing ended well since).
    * With the server down, this fails at once (ECONNREFUSED): no retry here, the client is told 503.
    */
   private async connect(): Promise<PoolClient> {
-    const waitStartedAt = monotonicNow();
     let client: PoolClient;
     try {
       client = await this.pool.connect();
     } catch (err) {
       // pg-pool's words for its connectionTimeoutMillis; anything else is a real connection failure.
       if (err instanceof Error && err.message === 'timeout exceeded when trying to connect') {
-        // Busy means connections come back while we wait. None did: every one is stuck in a statement the database does
-        // not answer (a restart behind a pooler, which holds them), so it is unavailable, not overloaded.
-        if (this.lastAnsweredAt < waitStartedAt) throw new DatabaseNotAnsweringError({ cause: err });
+        // Overloaded, unless the last news of the database is that it could not be reached and nothing ended well since
+        // (a restart behind a pooler: the pooler holds every statement until the server is back).
+        if (this.lastUnreachableAt > this.lastAnsweredAt) throw new DatabaseNotAnsweringError({ cause: err });
         throw new PoolExhaustedError({ cause: err });
       }
+      if (isDatabaseUnavailable(err)) this.lastUnreachableAt = monotonicNow();
       throw err;
     }
     if (!this.guarded.has(client)) {
@@ -327,6 +329,7 @@ export class Database implements OnModuleDestroy {
       return result;
     } catch (err) {
       // A connection that failed, or whose transaction could not be ended, is dropped, not handed to the next request.
+      if (isDatabaseUnavailable(err)) this.lastUnreachableAt = monotonicNow();
       if (isDatabaseUnavailable(err) || open.client.getTransactionStatus() !== 'I')
         broken ??= err instanceof Error ? err : new Error(String(err));
       throw err;

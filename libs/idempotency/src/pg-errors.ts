@@ -137,12 +137,12 @@ function* errorChain(err: unknown, depth = 0): Generator<unknown> {
 }
 
 /**
- * No pooled connection came free within the wait, and no transaction ended meanwhile: every connection is held by a
- * statement the database does not answer (it restarts behind a pooler, which holds them), so it is unavailable.
+ * No pooled connection came free within the wait, and the last news of the database is that it could not be reached:
+ * every connection is held by a statement it does not answer (it restarts behind a pooler, which holds them).
  */
 export class DatabaseNotAnsweringError extends Error {
   constructor(options?: ErrorOptions) {
-    super('No database connection came free, and the database answered nothing while we waited', options);
+    super('No database connection came free, and the database was last found unreachable', options);
     this.name = 'DatabaseNotAnsweringError';
   }
 }
