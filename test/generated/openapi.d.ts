@@ -2997,11 +2997,11 @@ export interface operations {
                 orderId?: string;
                 /** @description Lookup: charges whose metadata.paymentId is this. */
                 paymentId?: string;
-                /** @description Listing: charges created strictly after this instant. Required without orderId and paymentId; not allowed with them. */
+                /** @description Listing: charges created strictly after this instant, such as 2026-11-30T12:00:00.000Z. Required without orderId and paymentId; not allowed with them. */
                 createdAfter?: string;
-                /** @description Listing: the page after this charge (the previous page's last item). It must name a charge. */
+                /** @description Listing: the page after this charge (the previous page's last item), such as ch_5f0c3e2a1b9d8c7e6f5a4b3c. It must name a charge. */
                 startingAfter?: string;
-                /** @description Listing: charges per page. */
+                /** @description Listing: charges per page, 100 when not given. */
                 limit?: number;
             };
             header?: never;

@@ -42,10 +42,12 @@ export class FindChargesQuery {
   @IsUUID()
   paymentId?: string;
 
+  // No `example` or `default` on the listing's fields: Swagger UI's "Try it out" fills them in, and a lookup by paymentId
+  // would then go out mixed with a listing and be refused.
   @ApiPropertyOptional({
     format: 'date-time',
-    example: '2026-11-30T12:00:00.000Z',
-    description: 'Listing: charges created strictly after this instant. Required without orderId and paymentId; not allowed with them.',
+    description:
+      'Listing: charges created strictly after this instant, such as 2026-11-30T12:00:00.000Z. Required without orderId and paymentId; not allowed with them.',
   })
   @IsOptional()
   @IsInstant()
@@ -53,14 +55,18 @@ export class FindChargesQuery {
 
   @ApiPropertyOptional({
     pattern: CHARGE_ID_PATTERN.source,
-    example: 'ch_5f0c3e2a1b9d8c7e6f5a4b3c',
-    description: "Listing: the page after this charge (the previous page's last item). It must name a charge.",
+    description:
+      "Listing: the page after this charge (the previous page's last item), such as ch_5f0c3e2a1b9d8c7e6f5a4b3c. It must name a charge.",
   })
   @IsOptional()
   @Matches(CHARGE_ID_PATTERN, { message: 'startingAfter must be a sandbox charge id such as ch_5f0c3e2a1b9d8c7e6f5a4b3c' })
   startingAfter?: string;
 
-  @ApiPropertyOptional({ minimum: 1, maximum: MAX_CHARGES_PAGE, default: MAX_CHARGES_PAGE, description: 'Listing: charges per page.' })
+  @ApiPropertyOptional({
+    minimum: 1,
+    maximum: MAX_CHARGES_PAGE,
+    description: `Listing: charges per page, ${MAX_CHARGES_PAGE} when not given.`,
+  })
   @IsOptional()
   @Type(() => Number)
   @IsInt()
