@@ -14,7 +14,7 @@ import {
 import { resolveIdempotencyOptions } from './support/idempotency-internals';
 import { typeormOptions } from '../src/database/typeorm-options';
 import { createTestDatabase, ignoreIdleErrors } from './support/test-app';
-import { Pool } from 'pg';
+import { Client, Pool } from 'pg';
 
 describe('Database: transactions', () => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
@@ -199,6 +199,25 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
     // Whichever of the two errors reaches Promise.all first: the 0A000, or the aborted transaction's 25P02 behind it.
     await expect(failing).rejects.toMatchObject({ code: expect.stringMatching(/^(0A000|25P02)$/) });
     expect((await check.query(`SELECT id FROM schema_probe ORDER BY id`)).rows).toEqual([{ id: 1 }]);
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one', added: null }]);
+  });
+
+  it("a first statement whose fresh connection cannot be had: the connect's error, the stale connection released once, and the pool whole after", async () => {
+    const db = await open();
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+    // From the admin database: a session cannot shut its own database's door.
+    const gate = ignoreIdleErrors(new Client({ connectionString: process.env.TEST_ADMIN_URL }));
+    await gate.connect();
+    const name = new URL(database.url).pathname.slice(1);
+    const allowConnections = (allow: boolean) => gate.query(`ALTER DATABASE "${name}" ALLOW_CONNECTIONS ${allow}`);
+    try {
+      await allowConnections(false);
+      await expect(db.transaction(() => db.query(readAll, [1]))).rejects.toThrow(/not currently accepting connections/);
+    } finally {
+      await allowConnections(true);
+      await gate.end();
+    }
     expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one', added: null }]);
   });
 

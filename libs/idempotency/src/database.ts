@@ -110,8 +110,27 @@ class OpenTransaction implements JoinableTransaction {
   runnersMade = 0;
   rollbackOnly?: Error;
   private savepoints = 0;
+  /** False once `client` is handed back to the pool: nothing may be sent on it or release it again. */
+  private holding = true;
 
   constructor(public client: PoolClient) {}
+
+  get holdsConnection(): boolean {
+    return this.holding;
+  }
+
+  /** Hands the connection back to the pool, dropped when `broken` is given. Once only. */
+  releaseConnection(broken?: Error): void {
+    if (!this.holding) return;
+    this.holding = false;
+    this.client.release(broken);
+  }
+
+  /** A fresh connection in place of the one released. */
+  takeConnection(client: PoolClient): void {
+    this.client = client;
+    this.holding = true;
+  }
 
   assertOpen(): void {
     if (this.state === 'ended') throw new TransactionEndedError();
@@ -257,8 +276,10 @@ export class Database implements OnModuleDestroy {
       if (!(nothingDependsOnIt && isCachedPlanInvalidated(err))) throw err;
       this.logger.warn(`a schema change invalidated a prepared statement (${(err as Error).message}); this connection is dropped`);
       await open.client.query('ROLLBACK').catch(() => undefined);
-      open.client.release(err as Error);
-      open.client = await this.connect();
+      // Released before the fresh one is taken (with a pool of one it would wait for itself); if that connect fails,
+      // the transaction ends holding no connection, and nothing is sent on or releases the old one again.
+      open.releaseConnection(err as Error);
+      open.takeConnection(await this.connect());
       await open.client.query(this.begin);
       return await open.client.query(this.statement(sql, params), params);
     }
@@ -320,9 +341,11 @@ export class Database implements OnModuleDestroy {
       } catch (err) {
         open.end();
         // A ROLLBACK that fails too (the connection is gone) must not hide why `fn` failed.
-        await open.client.query('ROLLBACK').catch((rollbackError: unknown) => {
-          broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
-        });
+        if (open.holdsConnection) {
+          await open.client.query('ROLLBACK').catch((rollbackError: unknown) => {
+            broken = rollbackError instanceof Error ? rollbackError : new Error('ROLLBACK failed', { cause: rollbackError });
+          });
+        }
         throw err;
       }
       await this.commit(open);
@@ -330,13 +353,15 @@ export class Database implements OnModuleDestroy {
     } catch (err) {
       // A connection that failed, or whose transaction could not be ended, is dropped, not handed to the next request.
       if (isDatabaseUnavailable(err)) this.lastUnreachableAt = monotonicNow();
-      if (isDatabaseUnavailable(err) || open.client.getTransactionStatus() !== 'I')
+      if (isDatabaseUnavailable(err) || (open.holdsConnection && open.client.getTransactionStatus() !== 'I'))
         broken ??= err instanceof Error ? err : new Error(String(err));
       throw err;
     } finally {
       open.end();
-      open.client.release(broken);
-      if (!broken) this.lastAnsweredAt = monotonicNow();
+      if (open.holdsConnection) {
+        open.releaseConnection(broken);
+        if (!broken) this.lastAnsweredAt = monotonicNow();
+      }
     }
   }
 
