@@ -13,6 +13,7 @@ import { UnreachedSweep1764415100000 } from './1764415100000-unreached-sweep.js'
 import { OrderEventsOutbox1764415500000 } from './1764415500000-order-events-outbox.js';
 import { StoredAnswerEncryption1764415600000 } from './1764415600000-stored-answer-encryption.js';
 import { UnrecordedProviderMoney1764415800000 } from './1764415800000-unrecorded-provider-money.js';
+import { DeploymentId1764416100000 } from './1764416100000-deployment-id.js';
 
 export const migrations = [
   Orders1764414000000,
@@ -28,4 +29,5 @@ export const migrations = [
   OrderEventsOutbox1764415500000,
   StoredAnswerEncryption1764415600000,
   UnrecordedProviderMoney1764415800000,
+  DeploymentId1764416100000,
 ];

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import request from 'supertest';
 import { Webhook } from 'standardwebhooks';
 import { ProviderChargeSweep } from '../src/payments/provider-charge-sweep';
-import { ALICE, bearer, startTestApp, type TestApp } from './support/test-app';
+import { ALICE, bearer, PSP_AUTH, startTestApp, type TestApp } from './support/test-app';
 import { until } from './support/until';
 
 const SECRET = `whsec_${Buffer.from('lost-payments-e2e-secret-32-byte').toString('base64')}`;
@@ -62,7 +62,12 @@ describe('lost payments: a charge the provider made for a payment our database d
     }
   }
 
-  function deliverChargeSucceeded(p: Paid) {
+  /** The charge's webhook as the provider sends it: `data.deploymentId` is what the charge was made with. */
+  async function deliverChargeSucceeded(p: Paid) {
+    const [charge] = (
+      await t.db.query<{ deployment_id: string | null }>(`SELECT deployment_id FROM psp.charges WHERE id = $1`, [p.chargeId])
+    ).rows;
+    const deploymentId = charge.deployment_id ?? undefined;
     const id = `msg_${randomUUID()}`;
     const at = new Date();
     const body = JSON.stringify({
@@ -76,6 +81,7 @@ describe('lost payments: a charge the provider made for a payment our database d
         currency: 'EUR',
         status: 'succeeded',
         failureCode: null,
+        ...(deploymentId === undefined ? {} : { deploymentId }),
       },
     });
     return request(t.url)
@@ -180,5 +186,38 @@ describe('lost payments: a charge the provider made for a payment our database d
     expect(await providerRefunds(p.chargeId)).toEqual([2500]);
     expect((await voidedEvents(p.orderId)).map((e) => e.type)).toEqual(['order.created']);
     expect(await metric('payments_lost_payment_orders_total', 'repair="alerted"')).toBe(before + 1);
+  });
+
+  it("another deployment's charges on the same provider account, and charges with no deployment at all, are never taken for lost payments", async () => {
+    // What a second deployment (or another service) sharing the account makes: a charge for a payment we never had.
+    const charge = async (deploymentId?: string): Promise<Paid> => {
+      const p = { orderId: randomUUID(), paymentId: randomUUID() };
+      const res = await request(t.url)
+        .post('/psp/charges')
+        .set('Authorization', PSP_AUTH)
+        .set('Idempotency-Key', randomUUID())
+        .send({ amountMinor: 2500, currency: 'EUR', source: 'tok_visa', metadata: { ...p, ...(deploymentId ? { deploymentId } : {}) } });
+      expect([res.status, res.body.detail]).toEqual([201, undefined]);
+      return { ...p, chargeId: res.body.id };
+    };
+    const notOurs = (body: unknown) =>
+      expect(body).toMatchObject({ outcome: 'no_effect', detail: expect.stringMatching(/^unknown-payment: not this deployment's charge/) });
+    const untagged = await charge();
+    notOurs((await deliverChargeSucceeded(untagged)).body);
+    const theirTag = randomUUID();
+    const theirs = await charge(theirTag);
+    notOurs((await deliverChargeSucceeded(theirs)).body);
+    const ours = await paidOrder();
+    await lose(ours, 'lost');
+    // The sweep repairs ours alone.
+    expect(await t.app.get(ProviderChargeSweep).sweep()).toBe(1);
+    expect(await providerRefunds(ours.chargeId)).toEqual([2500]);
+    const refunded = await t.db.query(`SELECT charge_id FROM psp.refunds WHERE charge_id = ANY($1)`, [
+      [theirs.chargeId, untagged.chargeId],
+    ]);
+    expect(refunded.rows).toEqual([]);
+    expect(
+      (await t.db.query(`SELECT 1 FROM late_charge_refunds WHERE charge_id = ANY($1)`, [[theirs.chargeId, untagged.chargeId]])).rows,
+    ).toEqual([]);
   });
 });

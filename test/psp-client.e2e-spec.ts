@@ -100,7 +100,12 @@ function reply(res: ServerResponse, status: number, body: unknown, headers: Reco
 const problem = (status: number, detail: string) => ({ type: 'about:blank', title: 'Refused', status, detail });
 
 function chargeRequest(source = 'tok_visa'): ChargeRequest {
-  return { amountMinor: 1250, currency: 'EUR', source, metadata: { orderId: randomUUID(), paymentId: randomUUID() } };
+  return {
+    amountMinor: 1250,
+    currency: 'EUR',
+    source,
+    metadata: { orderId: randomUUID(), paymentId: randomUUID(), deploymentId: randomUUID() },
+  };
 }
 
 function chargeRecord(body: string, status: 'succeeded' | 'failed' = 'succeeded') {

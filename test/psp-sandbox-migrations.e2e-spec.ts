@@ -16,7 +16,7 @@ import { SANDBOX_MAIN, type ServiceProcess, startServiceProcess } from './suppor
 
 /** The two sandbox migrations that were the service's, then those written since it has a list of its own. */
 const MOVED_NAMES = ['PspSandbox1764414500000', 'PspWebhookOutbox1764414800000'];
-const SANDBOX_NAMES = [...MOVED_NAMES, 'PspChargesListing1764415700000'];
+const SANDBOX_NAMES = [...MOVED_NAMES, 'PspChargesListing1764415700000', 'PspChargeDeployment1764416000000'];
 /** migrations/index.ts before the sandbox had a list of its own: the two sandbox migrations among the service's. */
 const OLD_LAYOUT = [
   'Orders1764414000000',
@@ -35,7 +35,7 @@ const OLD_LAYOUT = [
   'StoredAnswerEncryption1764415600000',
 ];
 /** The service's migrations written since the sandbox has a list of its own. */
-const SERVICE_NEWER = ['UnrecordedProviderMoney1764415800000'];
+const SERVICE_NEWER = ['UnrecordedProviderMoney1764415800000', 'DeploymentId1764416100000'];
 const timestampOf = (name: string) => Number(name.slice(-13));
 /** Both lists today, in the one timestamp order: the old layout, then the migrations of either written since. */
 const LAYOUT = [

@@ -127,6 +127,29 @@ describe('psp sandbox (/psp)', () => {
       expect(await lookup(`orderId=${body.metadata.orderId}&paymentId=${randomUUID()}`)).toEqual([]);
     });
 
+    it("metadata.deploymentId: kept as given, returned by the answer, the lookup and the listing, and in the webhook's data; absent when not given", async () => {
+      const deploymentId = `orders-${randomUUID()}`;
+      const body = chargeBody('tok_visa');
+      const tagged = await postCharge(randomUUID(), { ...body, metadata: { ...body.metadata, deploymentId } });
+      expect(tagged.status).toBe(201);
+      expect(tagged.body.metadata).toEqual({ ...body.metadata, deploymentId });
+      expect(await lookup(`paymentId=${body.metadata.paymentId}`)).toEqual([tagged.body]);
+      const since = new Date(Date.parse(tagged.body.createdAt) - 1).toISOString();
+      expect(await lookup(`createdAfter=${since}`)).toContainEqual(tagged.body);
+      const untagged = await charge('tok_visa');
+      expect(Object.keys(untagged.metadata).sort()).toEqual(['orderId', 'paymentId']);
+      const events = await t.db.query<{ data: Record<string, unknown> }>(
+        `SELECT payload AS data FROM psp.webhook_outbox WHERE payload->>'chargeId' = ANY($1)`,
+        [[tagged.body.id, untagged.id]],
+      );
+      expect(events.rows.map((e) => e.data.deploymentId).sort()).toEqual([deploymentId, undefined]);
+      for (const bad of ['', 'has space', 'x'.repeat(65), 42]) {
+        const res = await postCharge(randomUUID(), { ...body, metadata: { ...chargeBody('tok_visa').metadata, deploymentId: bad } });
+        expectProblem(res, 400);
+        expect(res.body.detail).toMatch(/deploymentId/);
+      }
+    });
+
     it('20 concurrent requests with one key make one charge, and all get the same answer', async () => {
       const key = randomUUID();
       const body = chargeBody('tok_visa');

@@ -1,13 +1,14 @@
 import { Injectable, Logger } from '@nestjs/common';
 import { Database } from '@idempotent-orders/idempotency';
 import { INSERT_ORDER_VOIDED_IF_MISSING } from '../events/order-events-outbox.js';
+import { DeploymentId } from './deployment-id.js';
 import { type FoundBy, LateChargeRefunder } from './late-charge-refunder.js';
 import { PaymentMetrics } from './payment-metrics.js';
 
 /** A succeeded charge at the provider, as its webhook or its listing tells it. */
 export interface ProviderCharge {
   chargeId: string;
-  /** metadata.paymentId and metadata.orderId: ours, given when the charge was made. */
+  /** metadata.paymentId and metadata.orderId: ours, given when the charge was made (madeHere checks its metadata.deploymentId). */
   paymentId: string;
   orderId: string;
   amountMinor: number;
@@ -37,11 +38,20 @@ export class LostPayments {
     private readonly db: Database,
     private readonly lateRefunds: LateChargeRefunder,
     private readonly metrics: PaymentMetrics,
+    private readonly deployment: DeploymentId,
   ) {}
 
   /**
-   * In the finder's transaction, after it found no payment `charge.paymentId`. The late refund's id, for
-   * `refundInBackground` after the commit; undefined when this charge was repaired before.
+   * Whether a charge carrying this metadata.deploymentId was made here. Only those are ours to repair: a charge of
+   * another deployment on the same provider account (or of another service, which sends none) is theirs.
+   */
+  async madeHere(deploymentId: string | undefined): Promise<boolean> {
+    return deploymentId !== undefined && deploymentId === (await this.deployment.get());
+  }
+
+  /**
+   * In the finder's transaction, after it found no payment `charge.paymentId` and `madeHere` said the charge is ours.
+   * The late refund's id, for `refundInBackground` after the commit; undefined when this charge was repaired before.
    */
   async repair(charge: ProviderCharge, foundBy: FoundBy): Promise<string | undefined> {
     const lateRefundId = await this.lateRefunds.requestRefundOfLostPayment(charge.paymentId, charge.chargeId, charge.amountMinor, foundBy);

@@ -2,6 +2,7 @@ import { Module } from '@nestjs/common';
 import { OrdersModule } from '../orders/orders.module.js';
 import { STALE_PAYMENT_SETTLER } from '../orders/stale-payments.js';
 import { LateChargeRefunder } from './late-charge-refunder.js';
+import { DeploymentId } from './deployment-id.js';
 import { LostPayments } from './lost-payments.js';
 import { PaymentMetrics } from './payment-metrics.js';
 import { PaymentReconciler } from './payment-reconciler.js';
@@ -24,6 +25,7 @@ import { RefundsService } from './refunds.service.js';
     PaymentMetrics,
     LateChargeRefunder,
     LostPayments,
+    DeploymentId,
     ProviderAttempts,
     ProviderChargeSweep,
     // What a cancel asks for (src/orders/stale-payments.ts): orders declare it, payments provide it.

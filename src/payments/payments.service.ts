@@ -18,6 +18,7 @@ import { outboundKeyOf, PAYMENT_COLUMNS, PAYMENT_CREATED, type PaymentRow, prefi
 import { PaymentReconciler } from './payment-reconciler.js';
 import { PaymentSettlement, type ProviderOutcome } from './payment-settlement.js';
 import { ProviderAttempts } from './provider-attempts.js';
+import { DeploymentId } from './deployment-id.js';
 import { chargeOutcome, foundChargeOutcome, recordedOutcome } from './provider-outcomes.js';
 import { ProblemException, problemType } from '#service-kit';
 
@@ -45,6 +46,7 @@ export class PaymentsService {
     private readonly attempts: ProviderAttempts,
     private readonly settlement: PaymentSettlement,
     private readonly reconciler: PaymentReconciler,
+    private readonly deploymentId: DeploymentId,
   ) {}
 
   async payOrder(scope: KeyScope, orderId: string, source: string): Promise<KeyAnswer> {
@@ -186,7 +188,7 @@ export class PaymentsService {
         amountMinor: Number(payment.amount_minor),
         currency: payment.currency,
         source: payment.source,
-        metadata: { orderId: payment.order_id, paymentId: payment.id },
+        metadata: { orderId: payment.order_id, paymentId: payment.id, deploymentId: await this.deploymentId.get() },
       },
       payment.outbound_key,
       key.deadline,

@@ -93,9 +93,12 @@ export class ProviderChargeSweep implements OnModuleInit, OnModuleDestroy {
 
   /** The succeeded charges of the page whose payment is not here, each repaired in a transaction of its own. */
   private async repairLost(charges: PspCharge[]): Promise<{ repaired: number; complete: boolean }> {
-    // Ours carry our payment's UUID and a positive amount; anything else at the provider is not ours to judge.
+    // Ours carry this deployment's id, our payment's UUID and a positive amount; anything else at the provider is
+    // another's (a deployment or service sharing the account), not ours to judge.
+    const ours = await Promise.all(charges.map((c) => this.lostPayments.madeHere(c.metadata.deploymentId)));
     const candidates = charges.filter(
-      (c) =>
+      (c, i) =>
+        ours[i] &&
         c.status === 'succeeded' &&
         UUID.test(c.metadata.paymentId) &&
         UUID.test(c.metadata.orderId) &&

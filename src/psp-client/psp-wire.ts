@@ -7,7 +7,7 @@ export interface PspCharge {
   currency: string;
   source: string;
   failureCode: string | null; // "card_declined" when failed
-  metadata: { orderId: string; paymentId: string };
+  metadata: { orderId: string; paymentId: string; deploymentId?: string }; // deploymentId: only when the charge was made with one
   createdAt: string; // ISO 8601
 }
 
@@ -25,7 +25,7 @@ export interface ChargeRequest {
   amountMinor: number;
   currency: string;
   source: string;
-  metadata: { orderId: string; paymentId: string };
+  metadata: { orderId: string; paymentId: string; deploymentId: string };
 }
 
 export interface RefundRequest {
@@ -54,7 +54,14 @@ function isRecordBase(v: unknown): v is Fields {
 }
 
 export function isPspCharge(v: unknown): v is PspCharge {
-  return isRecordBase(v) && isString(v.currency) && isString(v.source) && isString((v.metadata as Fields).orderId);
+  if (!isRecordBase(v)) return false;
+  const metadata = v.metadata as Fields;
+  return (
+    isString(v.currency) &&
+    isString(v.source) &&
+    isString(metadata.orderId) &&
+    (metadata.deploymentId === undefined || isString(metadata.deploymentId))
+  );
 }
 
 export function isPspRefund(v: unknown): v is PspRefund {

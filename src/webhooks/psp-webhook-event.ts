@@ -5,6 +5,8 @@ export interface ChargeEventData {
   chargeId: string;
   paymentId: string;
   orderId: string;
+  /** The charge's metadata.deploymentId: which deployment made it; absent when made without one. */
+  deploymentId?: string;
   amountMinor: number;
   currency: string;
   status: 'succeeded' | 'failed';
@@ -41,6 +43,7 @@ function chargeDefect(d: Fields, expectedStatus: string): string | undefined {
   if (!providerId(d.chargeId)) return 'data.chargeId is missing or not a provider id';
   if (!uuid(d.paymentId)) return 'data.paymentId is not a UUID';
   if (!uuid(d.orderId)) return 'data.orderId is not a UUID';
+  if (d.deploymentId !== undefined && typeof d.deploymentId !== 'string') return 'data.deploymentId is not a string';
   if (!Number.isSafeInteger(d.amountMinor) || (d.amountMinor as number) < 1) return 'data.amountMinor is not a positive integer';
   if (typeof d.currency !== 'string' || !/^[A-Z]{3}$/.test(d.currency)) return 'data.currency is not an ISO 4217 code';
   if (d.status !== expectedStatus) return `data.status is not ${expectedStatus}`;
@@ -53,6 +56,7 @@ function chargeData(d: Fields): ChargeEventData {
     chargeId: d.chargeId as string,
     paymentId: (d.paymentId as string).toLowerCase(),
     orderId: (d.orderId as string).toLowerCase(),
+    ...(typeof d.deploymentId === 'string' ? { deploymentId: d.deploymentId } : {}),
     amountMinor: d.amountMinor as number,
     currency: d.currency as string,
     status: d.status as ChargeEventData['status'],

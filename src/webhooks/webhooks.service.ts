@@ -232,9 +232,14 @@ export class WebhooksService {
 
   /**
    * Money taken for a payment we do not have: our pending record is committed before the provider is called, so only a
-   * failover that lost it explains this. The charge is refunded, and its order voided if it is gone too (LostPayments).
+   * failover that lost it explains this — when the charge is this deployment's. The charge is refunded, and its order
+   * voided if it is gone too (LostPayments).
    */
   private async chargeOfLostPayment(data: ChargeEventData): Promise<Effect> {
+    if (!(await this.lostPayments.madeHere(data.deploymentId))) {
+      const whose = data.deploymentId === undefined ? 'it carries no deploymentId' : `its deploymentId is ${data.deploymentId}`;
+      return noEffect(`unknown-payment: not this deployment's charge (${whose})`, { paymentId: data.paymentId });
+    }
     const lateRefundId = await this.lostPayments.repair(
       { chargeId: data.chargeId, paymentId: data.paymentId, orderId: data.orderId, amountMinor: data.amountMinor, currency: data.currency },
       'webhook',

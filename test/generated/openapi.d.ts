@@ -502,6 +502,11 @@ export interface components {
              * @example 0b7d5e1a-9c2f-4e3d-a1b0-998877665544
              */
             paymentId: string;
+            /**
+             * @description Which deployment of yours made the charge, when several share this account: returned with the charge and in its webhooks, so each can tell its own charges from the others.
+             * @example c0ffee00-1234-4abc-8def-001122334455
+             */
+            deploymentId?: string;
         };
         PspChargeView: {
             /** @example ch_5f0c3e2a1b9d8c7e6f5a4b3c */
@@ -702,6 +707,8 @@ export interface components {
             paymentId: string;
             /** Format: uuid */
             orderId: string;
+            /** @description Charge events: the deployment that made the charge, from the metadata we sent. A charge for a payment we do not have is refunded only when it is this deployment's. */
+            deploymentId?: string;
             /** @example 2500 */
             amountMinor: number;
             /** @example EUR */
@@ -730,7 +737,7 @@ export interface components {
              */
             outcome: "applied" | "no_effect" | "duplicate";
             /**
-             * @description What it did (payment-succeeded, unknown-payment: refund requested, …), or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).
+             * @description What it did (payment-succeeded, unknown-payment: refund requested, …), or why it did nothing (unknown-payment, unknown-payment: not this deployment's charge …, already-settled: …, mismatch: …, unknown-type, malformed: …).
              * @example payment-succeeded
              */
             detail: string;

@@ -4,5 +4,11 @@
 import { PspSandbox1764414500000 } from './1764414500000-psp-sandbox.js';
 import { PspWebhookOutbox1764414800000 } from './1764414800000-psp-webhook-outbox.js';
 import { PspChargesListing1764415700000 } from './1764415700000-psp-charges-listing.js';
+import { PspChargeDeployment1764416000000 } from './1764416000000-psp-charge-deployment.js';
 
-export const pspSandboxMigrations = [PspSandbox1764414500000, PspWebhookOutbox1764414800000, PspChargesListing1764415700000];
+export const pspSandboxMigrations = [
+  PspSandbox1764414500000,
+  PspWebhookOutbox1764414800000,
+  PspChargesListing1764415700000,
+  PspChargeDeployment1764416000000,
+];

@@ -1,7 +1,7 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { randomBytes } from 'node:crypto';
 import { fingerprintRequest } from '@idempotent-orders/idempotency';
-import type { CreateChargeDto } from './dto/create-charge.dto.js';
+import type { ChargeMetadataDto, CreateChargeDto } from './dto/create-charge.dto.js';
 import type { CreateRefundDto } from './dto/create-refund.dto.js';
 import type { PspChargeList, PspChargeView } from './dto/psp-charge.view.js';
 import type { PspRefundView } from './dto/psp-refund.view.js';
@@ -43,6 +43,7 @@ interface ChargeRow {
   failure_code: string | null;
   order_id: string;
   payment_id: string;
+  deployment_id: string | null;
   created_at: Date;
 }
 
@@ -57,7 +58,7 @@ interface RefundRow {
   created_at: Date;
 }
 
-const CHARGE_COLUMNS = 'id, status, amount_minor, currency, source, failure_code, order_id, payment_id, created_at';
+const CHARGE_COLUMNS = 'id, status, amount_minor, currency, source, failure_code, order_id, payment_id, deployment_id, created_at';
 const REFUND_COLUMNS = 'id, status, charge_id, amount_minor, failure_code, refund_id, payment_id, created_at';
 
 /** `pg` returns BIGINT as a string; the CHECKs keep every amount within 2^53, so Number is exact. */
@@ -69,10 +70,14 @@ export function chargeView(row: ChargeRow): PspChargeView {
     currency: row.currency,
     source: row.source,
     failureCode: row.failure_code,
-    metadata: { orderId: row.order_id, paymentId: row.payment_id },
+    metadata: chargeMetadata(row.order_id, row.payment_id, row.deployment_id ?? undefined),
     createdAt: row.created_at.toISOString(),
   };
 }
+
+/** The metadata as the client gave it: a charge made without a deploymentId has none. */
+const chargeMetadata = (orderId: string, paymentId: string, deploymentId: string | undefined): ChargeMetadataDto =>
+  deploymentId === undefined ? { orderId, paymentId } : { orderId, paymentId, deploymentId };
 
 export function refundView(row: RefundRow): PspRefundView {
   return {
@@ -117,7 +122,7 @@ export class PspSandboxService {
       currency: body.currency,
       source: body.source,
       failureCode: declined ? 'card_declined' : null,
-      metadata: { orderId: body.metadata.orderId, paymentId: body.metadata.paymentId },
+      metadata: chargeMetadata(body.metadata.orderId, body.metadata.paymentId, body.metadata.deploymentId),
       createdAt: new Date().toISOString(),
     };
     const answer = { status: declined ? 402 : 201, body: JSON.stringify(charge) };
@@ -125,8 +130,8 @@ export class PspSandboxService {
       const existing = await this.claimKey(client, key, fingerprint, answer);
       if (existing) return existing;
       await client.query(
-        `INSERT INTO psp.charges (id, idempotency_key, status, amount_minor, currency, source, failure_code, order_id, payment_id, created_at)
-         VALUES ($1, $2, $3, $4::bigint, $5, $6, $7, $8::uuid, $9::uuid, $10::timestamptz)`,
+        `INSERT INTO psp.charges (id, idempotency_key, status, amount_minor, currency, source, failure_code, order_id, payment_id, deployment_id, created_at)
+         VALUES ($1, $2, $3, $4::bigint, $5, $6, $7, $8::uuid, $9::uuid, $10, $11::timestamptz)`,
         [
           charge.id,
           key,
@@ -137,6 +142,7 @@ export class PspSandboxService {
           charge.failureCode,
           charge.metadata.orderId,
           charge.metadata.paymentId,
+          charge.metadata.deploymentId ?? null,
           charge.createdAt,
         ],
       );
@@ -148,6 +154,7 @@ export class PspSandboxService {
           chargeId: charge.id,
           paymentId: charge.metadata.paymentId,
           orderId: charge.metadata.orderId,
+          ...(charge.metadata.deploymentId === undefined ? {} : { deploymentId: charge.metadata.deploymentId }),
           amountMinor: charge.amountMinor,
           currency: charge.currency,
           status: charge.status,

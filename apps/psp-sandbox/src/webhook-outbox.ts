@@ -3,11 +3,13 @@ import type { SandboxClient } from './sandbox-database.js';
 
 export type WebhookEventType = 'charge.succeeded' | 'charge.failed' | 'refund.succeeded' | 'refund.failed';
 
-/** `data` of a charge event (docs/contract.md#webhooks): paymentId and orderId are the metadata the service sent. */
+/** `data` of a charge event (docs/contract.md#webhooks): paymentId, orderId and deploymentId are the metadata the service sent. */
 export interface ChargeEventData {
   chargeId: string;
   paymentId: string;
   orderId: string;
+  /** Only when the charge was made with one. */
+  deploymentId?: string;
   amountMinor: number;
   currency: string;
   status: 'succeeded' | 'failed';

@@ -12,6 +12,11 @@ export class PspWebhookEventData {
   paymentId: string;
   @ApiProperty({ format: 'uuid' })
   orderId: string;
+  @ApiPropertyOptional({
+    description:
+      "Charge events: the deployment that made the charge, from the metadata we sent. A charge for a payment we do not have is refunded only when it is this deployment's.",
+  })
+  deploymentId?: string;
   @ApiProperty({ example: 2500, minimum: 1 })
   amountMinor: number;
   @ApiProperty({ example: 'EUR', pattern: '^[A-Z]{3}$' })
@@ -46,7 +51,7 @@ export class WebhookReceiptView {
   @ApiProperty({
     example: 'payment-succeeded',
     description:
-      'What it did (payment-succeeded, unknown-payment: refund requested, …), or why it did nothing (unknown-payment, already-settled: …, mismatch: …, unknown-type, malformed: …).',
+      "What it did (payment-succeeded, unknown-payment: refund requested, …), or why it did nothing (unknown-payment, unknown-payment: not this deployment's charge …, already-settled: …, mismatch: …, unknown-type, malformed: …).",
   })
   detail: string;
 }

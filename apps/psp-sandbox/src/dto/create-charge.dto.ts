@@ -1,6 +1,6 @@
-import { ApiProperty } from '@nestjs/swagger';
+import { ApiProperty, ApiPropertyOptional } from '@nestjs/swagger';
 import { Transform, Type } from 'class-transformer';
-import { IsDefined, IsInt, IsObject, IsString, IsUUID, Matches, Max, MaxLength, Min, ValidateNested } from 'class-validator';
+import { IsDefined, IsInt, IsObject, IsOptional, IsString, IsUUID, Matches, Max, MaxLength, Min, ValidateNested } from 'class-validator';
 import { TEST_TOKEN_NAMES } from '../test-tokens.js';
 
 /** Amounts are exact JSON numbers and fit BIGINT: 2^53 - 1 is the largest both agree on. */
@@ -19,6 +19,17 @@ export class ChargeMetadataDto {
   @Transform(lowerCase)
   @IsUUID()
   paymentId: string;
+
+  @ApiPropertyOptional({
+    maxLength: 64,
+    example: 'c0ffee00-1234-4abc-8def-001122334455',
+    description:
+      'Which deployment of yours made the charge, when several share this account: returned with the charge and in its webhooks, ' +
+      'so each can tell its own charges from the others.',
+  })
+  @IsOptional()
+  @Matches(/^[\x21-\x7e]{1,64}$/, { message: 'metadata.deploymentId must be 1 to 64 visible ASCII characters' })
+  deploymentId?: string;
 }
 
 export class CreateChargeDto {
