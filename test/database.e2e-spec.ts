@@ -202,22 +202,46 @@ describe('Database: a column added or dropped under prepared statements (0A000)'
     expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one', added: null }]);
   });
 
-  it("a first statement whose fresh connection cannot be had: the connect's error, the stale connection released once, and the pool whole after", async () => {
-    const db = await open();
-    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
-    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
-    // From the admin database: a session cannot shut its own database's door.
+  /** Runs `fn` while the test database takes no new connections (set from the admin database: a session cannot shut its own). */
+  async function refusingConnections<T>(fn: () => Promise<T>): Promise<T> {
     const gate = ignoreIdleErrors(new Client({ connectionString: process.env.TEST_ADMIN_URL }));
     await gate.connect();
     const name = new URL(database.url).pathname.slice(1);
     const allowConnections = (allow: boolean) => gate.query(`ALTER DATABASE "${name}" ALLOW_CONNECTIONS ${allow}`);
     try {
       await allowConnections(false);
-      await expect(db.transaction(() => db.query(readAll, [1]))).rejects.toThrow(/not currently accepting connections/);
+      return await fn();
     } finally {
       await allowConnections(true);
       await gate.end();
     }
+  }
+
+  it("a first statement whose fresh connection cannot be had: the connect's error, the stale connection released once, and the pool whole after", async () => {
+    const db = await open();
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+    await refusingConnections(() =>
+      expect(db.transaction(() => db.query(readAll, [1]))).rejects.toThrow(/not currently accepting connections/),
+    );
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one', added: null }]);
+  });
+
+  it('and when fn catches that error and goes on: nothing is sent on the dropped connection, and the transaction does not commit', async () => {
+    const db = await open();
+    expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one' }]);
+    await check.query(`ALTER TABLE schema_probe ADD COLUMN added text`);
+    let next: unknown;
+    await refusingConnections(async () => {
+      const swallowing = db.transaction(async () => {
+        await db.query(readAll, [1]).catch(() => undefined);
+        next = await db.query(`INSERT INTO schema_probe (id, note) VALUES (2, 'after the failed connect')`).catch((err: unknown) => err);
+      });
+      await expect(swallowing).rejects.toBeInstanceOf(TransactionRolledBackError);
+    });
+    // The statement after it got the connect's error again, not "Client was closed and is not queryable".
+    expect(next).toMatchObject({ message: expect.stringMatching(/not currently accepting connections/) });
+    expect((await check.query(`SELECT id FROM schema_probe ORDER BY id`)).rows).toEqual([{ id: 1 }]);
     expect(await db.query(readAll, [1])).toEqual([{ id: 1, note: 'one', added: null }]);
   });
 

@@ -112,11 +112,22 @@ class OpenTransaction implements JoinableTransaction {
   private savepoints = 0;
   /** False once `client` is handed back to the pool: nothing may be sent on it or release it again. */
   private holding = true;
+  /** Why the transaction holds no connection: a fresh one could not be had after the old one was dropped. */
+  private lostWith?: Error;
 
   constructor(public client: PoolClient) {}
 
   get holdsConnection(): boolean {
     return this.holding;
+  }
+
+  get lostConnection(): Error | undefined {
+    return this.lostWith;
+  }
+
+  /** The connection was released, and a fresh one could not be had: nothing more can run in this transaction. */
+  connectionLost(err: Error): void {
+    if (!this.holding) this.lostWith ??= err;
   }
 
   /** Hands the connection back to the pool, dropped when `broken` is given. Once only. */
@@ -134,6 +145,8 @@ class OpenTransaction implements JoinableTransaction {
 
   assertOpen(): void {
     if (this.state === 'ended') throw new TransactionEndedError();
+    // `fn` caught the failed connect and went on: what it sends next has no connection to go to.
+    if (this.lostWith) throw this.lostWith;
   }
 
   end(): void {
@@ -279,7 +292,12 @@ export class Database implements OnModuleDestroy {
       // Released before the fresh one is taken (with a pool of one it would wait for itself); if that connect fails,
       // the transaction ends holding no connection, and nothing is sent on or releases the old one again.
       open.releaseConnection(err as Error);
-      open.takeConnection(await this.connect());
+      open.takeConnection(
+        await this.connect().catch((connectError: unknown) => {
+          open.connectionLost(connectError instanceof Error ? connectError : new Error(String(connectError)));
+          throw connectError;
+        }),
+      );
       await open.client.query(this.begin);
       return await open.client.query(this.statement(sql, params), params);
     }
@@ -372,6 +390,9 @@ export class Database implements OnModuleDestroy {
       (open.nested.length > 0 ? new Error('a nested transaction was left open (started, never committed)') : undefined);
     // Ended before COMMIT goes out: a statement sent from the context now would run after it, on its own.
     open.end();
+    // `fn` caught the failed connect of a retry and returned: there is no connection to commit on, and nothing to commit.
+    if (!open.holdsConnection)
+      throw new TransactionRolledBackError('its connection was dropped and a fresh one could not be had', { cause: open.lostConnection });
     if (refusal) {
       await open.client.query('ROLLBACK');
       throw new TransactionRolledBackError(refusal.message, { cause: refusal });
