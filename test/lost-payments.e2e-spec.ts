@@ -63,11 +63,11 @@ describe('lost payments: a charge the provider made for a payment our database d
   }
 
   /** The charge's webhook as the provider sends it: `data.deploymentId` is what the charge was made with. */
-  async function deliverChargeSucceeded(p: Paid) {
+  async function deliverChargeSucceeded(p: Paid, sentDeploymentId?: unknown) {
     const [charge] = (
       await t.db.query<{ deployment_id: string | null }>(`SELECT deployment_id FROM psp.charges WHERE id = $1`, [p.chargeId])
     ).rows;
-    const deploymentId = charge.deployment_id ?? undefined;
+    const deploymentId = sentDeploymentId ?? charge.deployment_id ?? undefined;
     const id = `msg_${randomUUID()}`;
     const at = new Date();
     const body = JSON.stringify({
@@ -204,6 +204,8 @@ describe('lost payments: a charge the provider made for a payment our database d
       expect(body).toMatchObject({ outcome: 'no_effect', detail: expect.stringMatching(/^unknown-payment: not this deployment's charge/) });
     const untagged = await charge();
     notOurs((await deliverChargeSucceeded(untagged)).body);
+    // Whatever another's says, it is not ours, and it is recorded (a NUL would fail the row's text column) without an echo.
+    for (const odd of ['\u0000', { nested: true }, 'x'.repeat(1000)]) notOurs((await deliverChargeSucceeded(untagged, odd)).body);
     const theirTag = randomUUID();
     const theirs = await charge(theirTag);
     notOurs((await deliverChargeSucceeded(theirs)).body);

@@ -143,7 +143,7 @@ describe('psp sandbox (/psp)', () => {
         [[tagged.body.id, untagged.id]],
       );
       expect(events.rows.map((e) => e.data.deploymentId).sort()).toEqual([deploymentId, undefined]);
-      for (const bad of ['', 'has space', 'x'.repeat(65), 42]) {
+      for (const bad of ['', 'has space', 'x'.repeat(65), 42, null]) {
         const res = await postCharge(randomUUID(), { ...body, metadata: { ...chargeBody('tok_visa').metadata, deploymentId: bad } });
         expectProblem(res, 400);
         expect(res.body.detail).toMatch(/deploymentId/);

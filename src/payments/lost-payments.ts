@@ -45,8 +45,8 @@ export class LostPayments {
    * Whether a charge carrying this metadata.deploymentId was made here. Only those are ours to repair: a charge of
    * another deployment on the same provider account (or of another service, which sends none) is theirs.
    */
-  async madeHere(deploymentId: string | undefined): Promise<boolean> {
-    return deploymentId !== undefined && deploymentId === (await this.deployment.get());
+  madeHere(deploymentId: unknown): boolean {
+    return this.deployment.isOurs(deploymentId);
   }
 
   /**

@@ -188,7 +188,7 @@ export class PaymentsService {
         amountMinor: Number(payment.amount_minor),
         currency: payment.currency,
         source: payment.source,
-        metadata: { orderId: payment.order_id, paymentId: payment.id, deploymentId: await this.deploymentId.get() },
+        metadata: { orderId: payment.order_id, paymentId: payment.id, deploymentId: this.deploymentId.value },
       },
       payment.outbound_key,
       key.deadline,

@@ -95,10 +95,9 @@ export class ProviderChargeSweep implements OnModuleInit, OnModuleDestroy {
   private async repairLost(charges: PspCharge[]): Promise<{ repaired: number; complete: boolean }> {
     // Ours carry this deployment's id, our payment's UUID and a positive amount; anything else at the provider is
     // another's (a deployment or service sharing the account), not ours to judge.
-    const ours = await Promise.all(charges.map((c) => this.lostPayments.madeHere(c.metadata.deploymentId)));
     const candidates = charges.filter(
-      (c, i) =>
-        ours[i] &&
+      (c) =>
+        this.lostPayments.madeHere(c.metadata.deploymentId) &&
         c.status === 'succeeded' &&
         UUID.test(c.metadata.paymentId) &&
         UUID.test(c.metadata.orderId) &&

@@ -30,6 +30,8 @@ export const CHARGE_EVENT_TYPES = ['charge.succeeded', 'charge.failed'] as const
 export const REFUND_EVENT_TYPES = ['refund.succeeded', 'refund.failed'] as const;
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+/** What the provider accepts as metadata.deploymentId (docs/contract.md#sandbox-provider). */
+const DEPLOYMENT_ID = /^[\x21-\x7e]{1,64}$/;
 /** Provider ids are short tokens (ch_…, re_…); the bound keeps a bogus one out of unique indexes. */
 const MAX_PROVIDER_ID = 255;
 
@@ -43,7 +45,6 @@ function chargeDefect(d: Fields, expectedStatus: string): string | undefined {
   if (!providerId(d.chargeId)) return 'data.chargeId is missing or not a provider id';
   if (!uuid(d.paymentId)) return 'data.paymentId is not a UUID';
   if (!uuid(d.orderId)) return 'data.orderId is not a UUID';
-  if (d.deploymentId !== undefined && typeof d.deploymentId !== 'string') return 'data.deploymentId is not a string';
   if (!Number.isSafeInteger(d.amountMinor) || (d.amountMinor as number) < 1) return 'data.amountMinor is not a positive integer';
   if (typeof d.currency !== 'string' || !/^[A-Z]{3}$/.test(d.currency)) return 'data.currency is not an ISO 4217 code';
   if (d.status !== expectedStatus) return `data.status is not ${expectedStatus}`;
@@ -56,7 +57,8 @@ function chargeData(d: Fields): ChargeEventData {
     chargeId: d.chargeId as string,
     paymentId: (d.paymentId as string).toLowerCase(),
     orderId: (d.orderId as string).toLowerCase(),
-    ...(typeof d.deploymentId === 'string' ? { deploymentId: d.deploymentId } : {}),
+    // Kept only in the shape ours has (visible ASCII): anything else is another's, and must not reach a log or a row as given.
+    ...(typeof d.deploymentId === 'string' && DEPLOYMENT_ID.test(d.deploymentId) ? { deploymentId: d.deploymentId } : {}),
     amountMinor: d.amountMinor as number,
     currency: d.currency as string,
     status: d.status as ChargeEventData['status'],

@@ -236,9 +236,9 @@ export class WebhooksService {
    * voided if it is gone too (LostPayments).
    */
   private async chargeOfLostPayment(data: ChargeEventData): Promise<Effect> {
-    if (!(await this.lostPayments.madeHere(data.deploymentId))) {
-      const whose = data.deploymentId === undefined ? 'it carries no deploymentId' : `its deploymentId is ${data.deploymentId}`;
-      return noEffect(`unknown-payment: not this deployment's charge (${whose})`, { paymentId: data.paymentId });
+    if (!this.lostPayments.madeHere(data.deploymentId)) {
+      const detail = `unknown-payment: not this deployment's charge (metadata.deploymentId ${data.deploymentId ?? 'absent or malformed'})`;
+      return noEffect(detail, { paymentId: data.paymentId });
     }
     const lateRefundId = await this.lostPayments.repair(
       { chargeId: data.chargeId, paymentId: data.paymentId, orderId: data.orderId, amountMinor: data.amountMinor, currency: data.currency },

@@ -5,8 +5,8 @@ import type { MigrationInterface, QueryRunner } from 'typeorm';
  * (docs/contract.md#sandbox-provider). The service's repairs of lost payments refund only its own charges by it.
  *
  * A nullable column with no default: added without rewriting the table, under a lock held for an instant, and every
- * row an older sandbox writes (without it) is still valid. lock_timeout: a lock not granted at once fails the
- * migration, to be run again, rather than queueing every charge behind it.
+ * row an older sandbox writes (without it) is still valid. lock_timeout: a lock not granted within 5 s fails the
+ * migration, to be run again, rather than queueing every charge behind it for longer.
  */
 export class PspChargeDeployment1764416000000 implements MigrationInterface {
   async up(queryRunner: QueryRunner): Promise<void> {

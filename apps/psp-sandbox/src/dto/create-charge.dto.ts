@@ -1,6 +1,6 @@
 import { ApiProperty, ApiPropertyOptional } from '@nestjs/swagger';
 import { Transform, Type } from 'class-transformer';
-import { IsDefined, IsInt, IsObject, IsOptional, IsString, IsUUID, Matches, Max, MaxLength, Min, ValidateNested } from 'class-validator';
+import { IsDefined, IsInt, IsObject, IsString, IsUUID, Matches, Max, MaxLength, Min, ValidateIf, ValidateNested } from 'class-validator';
 import { TEST_TOKEN_NAMES } from '../test-tokens.js';
 
 /** Amounts are exact JSON numbers and fit BIGINT: 2^53 - 1 is the largest both agree on. */
@@ -27,7 +27,8 @@ export class ChargeMetadataDto {
       'Which deployment of yours made the charge, when several share this account: returned with the charge and in its webhooks, ' +
       'so each can tell its own charges from the others.',
   })
-  @IsOptional()
+  // Not @IsOptional(): that would let null through, stored as absent yet answered and fingerprinted as null.
+  @ValidateIf((_: unknown, value: unknown) => value !== undefined)
   @Matches(/^[\x21-\x7e]{1,64}$/, { message: 'metadata.deploymentId must be 1 to 64 visible ASCII characters' })
   deploymentId?: string;
 }
