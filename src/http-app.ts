@@ -11,6 +11,7 @@ import { Registry } from 'prom-client';
 import {
   applyHttpRules,
   documentOnEveryOperation,
+  PATH_PARAMETER_TOO_LONG,
   httpServerOptions,
   MAX_CONNECTIONS,
   NEST_LOG_LEVELS,
@@ -118,6 +119,7 @@ export function buildOpenApiDocument(app: INestApplication) {
   linkPatternPages(document);
   // Before problemSchemas(): documenting a problem registers its type's schema.
   documentOnEveryOperation(document, [...REQUEST_BODY_PROBLEMS, UNSUPPORTED_MEDIA_TYPE]);
+  documentOnEveryOperation(document, [PATH_PARAMETER_TOO_LONG], { pathsWithParameters: true });
   document.components = { ...document.components, schemas: { ...document.components?.schemas, ...problemSchemas() } };
   return document;
 }

@@ -2019,6 +2019,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
             /**
              * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
              *
@@ -2188,6 +2205,23 @@ export interface operations {
                      *       "title": "Payload Too Large",
                      *       "status": 413,
                      *       "detail": "Request body is too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2382,6 +2416,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
             /**
              * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
              *
@@ -2547,6 +2598,23 @@ export interface operations {
                      *       "title": "Payload Too Large",
                      *       "status": 413,
                      *       "detail": "Request body is too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -2722,6 +2790,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
             /**
              * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
              *
@@ -2860,6 +2945,23 @@ export interface operations {
                      *       "title": "Payload Too Large",
                      *       "status": 413,
                      *       "detail": "Request body is too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -3584,6 +3686,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
             /**
              * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
              *
@@ -3755,6 +3874,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
             /**
              * @description A request body was sent that is not application/json.
              *
@@ -3913,6 +4049,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
             /**
              * @description A JSON body in a charset other than UTF-8 (the JSON parser reads no other).
              *
@@ -4025,6 +4178,23 @@ export interface operations {
                      *       "title": "Payload Too Large",
                      *       "status": 413,
                      *       "detail": "Request body is too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
@@ -4198,6 +4368,23 @@ export interface operations {
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];
                 };
             };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
             /**
              * @description A request body was sent that is not application/json.
              *
@@ -4347,6 +4534,23 @@ export interface operations {
                      *       "title": "Payload Too Large",
                      *       "status": 413,
                      *       "detail": "Request body is too large"
+                     *     }
+                     */
+                    "application/problem+json": components["schemas"]["HttpStatusProblem"];
+                };
+            };
+            /** @description A path parameter is longer than 100 characters. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "type": "about:blank",
+                     *       "title": "URI Too Long",
+                     *       "status": 414,
+                     *       "detail": "'/orders/xxxxxxxx…' is exceeding the max param length"
                      *     }
                      */
                     "application/problem+json": components["schemas"]["HttpStatusProblem"];

@@ -195,11 +195,27 @@ export const REQUEST_BODY_PROBLEMS: ProblemExample[] = [
 ];
 
 /**
- * Adds `problems` to every operation of a built document, merged with what its decorators say:
- * for refusals that come from the HTTP layer (http-app.ts) rather than from any one controller.
+ * The router's refusal of a path parameter over 100 characters (Fastify's maxParamLength), before any route runs:
+ * only operations whose path has a parameter can meet it.
  */
-export function documentOnEveryOperation(document: OpenAPIObject, problems: ProblemExample[]): void {
-  for (const item of Object.values(document.paths)) {
+export const PATH_PARAMETER_TOO_LONG: ProblemExample = {
+  status: 414,
+  description: 'A path parameter is longer than 100 characters.',
+  example: { type: 'about:blank', title: 'URI Too Long', status: 414, detail: "'/orders/xxxxxxxx…' is exceeding the max param length" },
+};
+
+/**
+ * Adds `problems` to every operation of a built document (with `pathsWithParameters`, to those whose path has a
+ * parameter), merged with what its decorators say: for refusals that come from the HTTP layer (http-app.ts) rather
+ * than from any one controller.
+ */
+export function documentOnEveryOperation(
+  document: OpenAPIObject,
+  problems: ProblemExample[],
+  { pathsWithParameters = false }: { pathsWithParameters?: boolean } = {},
+): void {
+  for (const [path, item] of Object.entries(document.paths)) {
+    if (pathsWithParameters && !path.includes('{')) continue;
     for (const method of ['get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace'] as const) {
       const operation = item[method];
       if (!operation) continue;

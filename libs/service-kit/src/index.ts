@@ -19,6 +19,7 @@ export { sendProblem, toProblem } from './problem.filter.js';
 export {
   ApiProblems,
   documentOnEveryOperation,
+  PATH_PARAMETER_TOO_LONG,
   PROBLEM_SCHEMA,
   type ProblemExample,
   problemSchemas,
