@@ -23,9 +23,4 @@ export class DeploymentId implements OnApplicationBootstrap {
     if (this.id === undefined) throw new Error('DeploymentId is read at start-up (onApplicationBootstrap), not before');
     return this.id;
   }
-
-  /** Whether a charge carrying this metadata.deploymentId was made by this deployment. */
-  isOurs(deploymentId: unknown): boolean {
-    return deploymentId === this.value;
-  }
 }

@@ -46,7 +46,7 @@ export class LostPayments {
    * another deployment on the same provider account (or of another service, which sends none) is theirs.
    */
   madeHere(deploymentId: unknown): boolean {
-    return this.deployment.isOurs(deploymentId);
+    return deploymentId === this.deployment.value;
   }
 
   /**

@@ -127,7 +127,7 @@ class OpenTransaction implements JoinableTransaction {
 
   /** The connection was released, and a fresh one could not be had: nothing more can run in this transaction. */
   connectionLost(err: Error): void {
-    if (!this.holding) this.lostWith ??= err;
+    this.lostWith = err;
   }
 
   /** Hands the connection back to the pool, dropped when `broken` is given. Once only. */
@@ -370,8 +370,9 @@ export class Database implements OnModuleDestroy {
       return result;
     } catch (err) {
       // A connection that failed, or whose transaction could not be ended, is dropped, not handed to the next request.
-      if (isDatabaseUnavailable(err)) this.lastUnreachableAt = monotonicNow();
-      if (isDatabaseUnavailable(err) || (open.holdsConnection && open.client.getTransactionStatus() !== 'I'))
+      const unreachable = isDatabaseUnavailable(err);
+      if (unreachable) this.lastUnreachableAt = monotonicNow();
+      if (unreachable || (open.holdsConnection && open.client.getTransactionStatus() !== 'I'))
         broken ??= err instanceof Error ? err : new Error(String(err));
       throw err;
     } finally {
